@@ -1,0 +1,74 @@
+# `make run` and `make test` do all set-up on a fresh machine; see README.md.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+WORKER_VENV := .venv-worker
+DATA_DIR ?= var
+
+export CHATSITE_DATA_DIR ?= $(CURDIR)/$(DATA_DIR)
+export WORKER_PYTHON ?= $(CURDIR)/$(WORKER_VENV)/bin/python
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+RUN_DB := chatsite
+TEST_DB := chatsite
+RUN_ENV = DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/$(RUN_DB)} \
+	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
+	SECRET_KEY=$$(cat $(DATA_DIR)/secret_key)
+TEST_ENV = DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/$(TEST_DB)} \
+	REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/1} \
+	SECRET_KEY=test-only-secret-key DEBUG=0
+
+.PHONY: help
+help:
+	@echo "make run    set up everything and start every process (prints the URL and a login)"
+	@echo "make test   lint, types and the whole suite against real Postgres, Redis and vLLM"
+	@echo "make lint   ruff and mypy only"
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements-dev.txt
+	touch $@
+
+.PHONY: venv
+venv: $(VENV)/.installed
+
+.PHONY: services
+services:
+	scripts/ensure-services.sh
+
+$(DATA_DIR)/secret_key:
+	mkdir -p $(DATA_DIR)
+	$(PYTHON) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
+	chmod 600 $@
+
+.PHONY: lint
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	SECRET_KEY=lint-only DEBUG=0 $(VENV)/bin/mypy .
+
+.PHONY: format
+format: venv
+	$(VENV)/bin/ruff check --fix .
+	$(VENV)/bin/ruff format .
+
+.PHONY: test
+test: venv services lint
+	$(TEST_ENV) $(VENV)/bin/pytest
+
+.PHONY: migrate
+migrate: venv services $(DATA_DIR)/secret_key
+	psql -h 127.0.0.1 -U postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$(RUN_DB)'" | grep -q 1 \
+		|| createdb -h 127.0.0.1 -U postgres $(RUN_DB)
+	$(RUN_ENV) $(PY) manage.py migrate --noinput
+	$(RUN_ENV) $(PY) manage.py collectstatic --noinput --verbosity 0
+
+.PHONY: run
+run: migrate
+	$(RUN_ENV) $(PY) manage.py ensure_demo_user
+	$(RUN_ENV) $(VENV)/bin/honcho start -f Procfile

@@ -1,0 +1,1 @@
+"""Accounts: sign-up, log-in and per-user API keys."""

@@ -1,0 +1,26 @@
+from __future__ import annotations
+
+from rest_framework import serializers
+
+from accounts.models import ApiKey
+
+
+class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
+    is_active = serializers.BooleanField(read_only=True)
+
+    class Meta:
+        model = ApiKey
+        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at", "is_active"]
+        read_only_fields = fields
+
+
+class ApiKeyCreateSerializer(serializers.Serializer[None]):
+    name = serializers.CharField(max_length=100)
+
+
+class ApiKeyCreatedSerializer(ApiKeySerializer):
+    key = serializers.CharField(read_only=True, help_text="Shown once; store it now.")
+
+    class Meta(ApiKeySerializer.Meta):
+        fields = [*ApiKeySerializer.Meta.fields, "key"]
+        read_only_fields = fields

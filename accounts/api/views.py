@@ -1,0 +1,44 @@
+"""API keys over the JSON API: list, create (the raw key is in this answer only), revoke."""
+
+from __future__ import annotations
+
+from drf_spectacular.utils import extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts import selectors, services
+from chatsite.auth import request_user
+
+from .serializers import ApiKeyCreatedSerializer, ApiKeyCreateSerializer, ApiKeySerializer
+
+
+class ApiKeyListView(APIView):
+    @extend_schema(responses=ApiKeySerializer(many=True))
+    def get(self, request: Request) -> Response:
+        keys = selectors.api_keys_for_user(user=request_user(request))
+        return Response(ApiKeySerializer(keys, many=True).data)
+
+    @extend_schema(request=ApiKeyCreateSerializer, responses={201: ApiKeyCreatedSerializer})
+    def post(self, request: Request) -> Response:
+        form = ApiKeyCreateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        key, raw_key = services.api_key_create(
+            user=request_user(request), name=form.validated_data["name"]
+        )
+        body = dict(ApiKeySerializer(key).data)
+        body["key"] = raw_key
+        return Response(body, status=status.HTTP_201_CREATED)
+
+
+class ApiKeyDetailView(APIView):
+    @extend_schema(responses=ApiKeySerializer)
+    def get(self, request: Request, key_id: int) -> Response:
+        key = selectors.api_key_for_user(user=request_user(request), key_id=key_id)
+        return Response(ApiKeySerializer(key).data)
+
+    @extend_schema(responses={204: None})
+    def delete(self, request: Request, key_id: int) -> Response:
+        services.api_key_revoke(user=request_user(request), key_id=key_id)
+        return Response(status=status.HTTP_204_NO_CONTENT)

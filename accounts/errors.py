@@ -1,0 +1,8 @@
+"""Error codes of the accounts app."""
+
+import enum
+
+
+class ErrorCode(enum.StrEnum):
+    API_KEY_LIMIT = "api_key_limit"
+    API_KEY_REVOKED = "api_key_revoked"

@@ -1,0 +1,35 @@
+"""Per-user API keys. Users themselves are Django's auth users."""
+
+from __future__ import annotations
+
+from django.conf import settings
+from django.db import models
+
+
+class ApiKey(models.Model):
+    """A bearer credential for the JSON API.
+
+    The raw key is shown once at creation; only its SHA-256 digest is stored. Keys carry
+    enough entropy (240 bits) that a fast digest is safe: there is nothing to brute-force.
+    """
+
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
+    )
+    name = models.CharField(max_length=100)
+    prefix = models.CharField(max_length=16, unique=True, help_text="Visible start of the key.")
+    key_hash = models.CharField(max_length=64, unique=True, editable=False)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        indexes = [models.Index(fields=["user", "-created_at"])]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"
+
+    @property
+    def is_active(self) -> bool:
+        return self.revoked_at is None

@@ -1,0 +1,78 @@
+"""Writes to accounts: API keys are created, used and revoked only here."""
+
+from __future__ import annotations
+
+import hashlib
+import secrets
+from datetime import timedelta
+
+from django.contrib.auth.models import User
+from django.db import transaction
+from django.db.models import QuerySet
+from django.utils import timezone
+
+from chatsite.errors import ServiceError
+
+from .errors import ErrorCode
+from .models import ApiKey
+from .selectors import api_key_for_user
+
+KEY_PREFIX = "csk_"
+MAX_ACTIVE_KEYS_PER_USER = 50
+# Writing last-use on every request would turn reads into writes; a minute is precise enough.
+LAST_USED_RESOLUTION = timedelta(minutes=1)
+
+
+def hash_key(raw_key: str) -> str:
+    return hashlib.sha256(raw_key.encode()).hexdigest()
+
+
+def api_key_create(*, user: User, name: str) -> tuple[ApiKey, str]:
+    """Create a key for `user` and return it with the raw key, which is never stored."""
+    with transaction.atomic():
+        active = ApiKey.objects.select_for_update().filter(user=user, revoked_at__isnull=True)
+        if active.count() >= MAX_ACTIVE_KEYS_PER_USER:
+            raise ServiceError(
+                ErrorCode.API_KEY_LIMIT,
+                f"A user may hold at most {MAX_ACTIVE_KEYS_PER_USER} active API keys.",
+            )
+        raw_key = KEY_PREFIX + secrets.token_urlsafe(30)
+        key = ApiKey.objects.create(
+            user=user,
+            name=name.strip() or "API key",
+            prefix=raw_key[:12],
+            key_hash=hash_key(raw_key),
+        )
+    return key, raw_key
+
+
+def api_key_revoke(*, user: User, key_id: int) -> ApiKey:
+    """Revoke one of `user`'s keys; revoking twice is harmless."""
+    key = api_key_for_user(user=user, key_id=key_id)
+    if key.revoked_at is None:
+        key.revoked_at = timezone.now()
+        key.save(update_fields=["revoked_at"])
+    return key
+
+
+def api_keys_revoke(*, keys: QuerySet[ApiKey]) -> int:
+    """Revoke every active key in `keys` (staff action); returns how many were revoked."""
+    return keys.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+
+
+def api_key_authenticate(*, raw_key: str) -> ApiKey | None:
+    """The active key matching `raw_key`, with last-use recorded; None if there is none."""
+    if not raw_key.startswith(KEY_PREFIX):
+        return None
+    key = (
+        ApiKey.objects.select_related("user")
+        .filter(key_hash=hash_key(raw_key), revoked_at__isnull=True)
+        .first()
+    )
+    if key is None or not key.user.is_active:
+        return None
+    now = timezone.now()
+    if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
+        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
+        key.last_used_at = now
+    return key

@@ -1,0 +1,62 @@
+"""Account pages: sign-up, and API keys (log-in and log-out are Django's own views)."""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import messages
+from django.contrib.auth import login
+from django.contrib.auth.decorators import login_required
+from django.contrib.auth.forms import UserCreationForm
+from django.contrib.auth.models import User
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import redirect, render
+from django.views.decorators.http import require_http_methods, require_POST
+
+from chatsite.auth import request_user
+from chatsite.errors import ServiceError
+
+from . import selectors, services
+
+
+@require_http_methods(["GET", "POST"])
+def signup(request: HttpRequest) -> HttpResponse:
+    if request.user.is_authenticated:
+        return redirect("/")
+    form: UserCreationForm[User] = UserCreationForm(request.POST or None)
+    if request.method == "POST" and form.is_valid():
+        user = form.save()
+        login(request, user, backend="django.contrib.auth.backends.ModelBackend")
+        return redirect("/")
+    return render(request, "accounts/signup.html", {"form": form})
+
+
+class ApiKeyForm(forms.Form):
+    name = forms.CharField(max_length=100)
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+def api_keys(request: HttpRequest) -> HttpResponse:
+    form = ApiKeyForm(request.POST or None)
+    new_key = None
+    if request.method == "POST" and form.is_valid():
+        try:
+            _, new_key = services.api_key_create(
+                user=request_user(request), name=form.cleaned_data["name"]
+            )
+        except ServiceError as exc:
+            form.add_error(None, exc.message)
+        else:
+            form = ApiKeyForm()
+    keys = selectors.api_keys_for_user(user=request_user(request))
+    return render(
+        request, "accounts/api_keys.html", {"form": form, "keys": keys, "new_key": new_key}
+    )
+
+
+@login_required
+@require_POST
+def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
+    key = services.api_key_revoke(user=request_user(request), key_id=key_id)
+    messages.success(request, f"Revoked {key.name}.")
+    return redirect("accounts:api-keys")

@@ -1,0 +1,5 @@
+"""The chat service's Django project."""
+
+from .celery import app as celery_app
+
+__all__ = ["celery_app"]

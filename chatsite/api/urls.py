@@ -1,0 +1,8 @@
+"""The JSON API, version 1: each app's `api` package contributes its routes."""
+
+from django.urls import include, path
+
+urlpatterns = [
+    path("", include("accounts.api.urls")),
+    path("", include("conversations.api.urls")),
+]

@@ -1,0 +1,18 @@
+"""ASGI entry point: `daphne chatsite.asgi:application`.
+
+HTTP (pages, the JSON API, SSE streams) goes to Django; Channels' router leaves room
+for other protocols without another process.
+"""
+
+import os
+
+from django.core.asgi import get_asgi_application
+
+os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+
+# Django must be set up before anything imports models.
+django_asgi_app = get_asgi_application()
+
+from channels.routing import ProtocolTypeRouter  # noqa: E402
+
+application = ProtocolTypeRouter({"http": django_asgi_app})

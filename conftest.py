@@ -1,0 +1,60 @@
+"""Fixtures shared by every app's tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django_redis import get_redis_connection
+from rest_framework.test import APIClient
+
+from accounts.services import api_key_create
+from accounts.tests.factories import UserFactory
+
+
+@pytest.fixture(autouse=True)
+def _clean_redis() -> Iterator[None]:
+    """Each test starts with an empty Redis database (the suite's own, never the site's)."""
+    if settings.REDIS_URL.rstrip("/").rsplit("/", 1)[-1] in {"0", "6379"}:
+        pytest.fail("The suite flushes Redis: point REDIS_URL at a database other than 0.")
+    connection = get_redis_connection("default")
+    connection.flushdb()
+    yield
+    connection.flushdb()
+
+
+@pytest.fixture
+def user(db: Any) -> Any:
+    return UserFactory()
+
+
+@pytest.fixture
+def other_user(db: Any) -> Any:
+    return UserFactory()
+
+
+@pytest.fixture
+def api_client(user: Any) -> APIClient:
+    """A client authenticated with one of `user`'s API keys."""
+    _, raw_key = api_key_create(user=user, name="tests")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+    return client
+
+
+@pytest.fixture
+def other_api_client(other_user: Any) -> APIClient:
+    _, raw_key = api_key_create(user=other_user, name="tests")
+    client = APIClient()
+    client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+    return client
+
+
+@pytest.fixture
+def session_client(user: Any) -> APIClient:
+    """A browser-like client: logged in by session, CSRF enforced as in a real browser."""
+    client = APIClient(enforce_csrf_checks=True)
+    client.force_login(user)
+    return client

@@ -1,0 +1,1 @@
+"""Conversations: the message tree, branches, the sidebar and context assembly."""

@@ -1,0 +1,116 @@
+"""The conversation tree.
+
+A conversation is a tree of messages. Its root is a `system` message holding the system
+prompt; every other message hangs under a parent. Editing a user message or regenerating an
+answer adds a sibling, never rewrites one, so every branch stays intact. Each message
+remembers which child was last viewed under it (`current_child`), so switching to a sibling
+shows the deepest leaf last seen under that sibling.
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+class Conversation(models.Model):
+    """One chat: its owner, its model, its tree of messages and the leaf on screen."""
+
+    class Source(models.TextChoices):
+        WEB = "web", "Web chat"
+        API = "api", "API"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="conversations"
+    )
+    title = models.CharField(max_length=200, blank=True)
+    title_set_by_user = models.BooleanField(default=False)
+    model = models.CharField(max_length=100)
+    system_prompt = models.TextField(blank=True)
+    source = models.CharField(max_length=8, choices=Source.choices, default=Source.WEB)
+    current_leaf = models.ForeignKey(
+        "Message", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+    # Sidebar order: moves on every new message, not on renames.
+    last_activity_at = models.DateTimeField(db_index=True)
+    # A deleted conversation keeps only this tombstone row (its messages are gone), so that a
+    # late send into it gets a clear `conversation_deleted` rather than a puzzling 404.
+    deleted_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-last_activity_at", "-id"]
+        indexes = [
+            models.Index(
+                fields=["owner", "-last_activity_at", "-id"],
+                name="conv_sidebar_idx",
+                condition=models.Q(deleted_at__isnull=True),
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.title or f"Conversation {self.id}"
+
+
+class Message(models.Model):
+    """A node of the tree. Assistant messages start `queued` and end in a final status."""
+
+    class Role(models.TextChoices):
+        SYSTEM = "system"
+        USER = "user"
+        ASSISTANT = "assistant"
+        TOOL = "tool"
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        STREAMING = "streaming"
+        COMPLETE = "complete"
+        CANCELLED = "cancelled"
+        FAILED = "failed"
+        BLOCKED = "blocked"
+
+    FINAL_STATUSES = frozenset({Status.COMPLETE, Status.CANCELLED, Status.FAILED, Status.BLOCKED})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="messages"
+    )
+    parent = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.CASCADE, related_name="children"
+    )
+    # The child last viewed under this message: where a branch switch descends.
+    current_child = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
+    )
+    role = models.CharField(max_length=16, choices=Role.choices)
+    content = models.TextField(blank=True)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.COMPLETE)
+    model = models.CharField(max_length=100, blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    # Tokens of `content` under the conversation's model, cached for context assembly.
+    content_tokens = models.PositiveIntegerField(null=True, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["conversation"],
+                condition=models.Q(parent__isnull=True),
+                name="one_root_per_conversation",
+            ),
+        ]
+        indexes = [models.Index(fields=["parent", "created_at"], name="msg_siblings_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.role}: {self.content[:40]}"
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in self.FINAL_STATUSES

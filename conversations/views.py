@@ -1,0 +1,12 @@
+"""Pages of the web chat."""
+
+from __future__ import annotations
+
+from django.contrib.auth.decorators import login_required
+from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
+
+
+@login_required
+def home(request: HttpRequest) -> HttpResponse:
+    return render(request, "conversations/home.html")

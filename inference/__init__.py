@@ -1,0 +1,1 @@
+"""Inference plane: model pools, workers, the scheduler, the vLLM client, generations."""

@@ -1,0 +1,1 @@
+"""Plugins: third-party tools called inside a generation (ARCHITECTURE.md, "Tools inside a generation")."""
