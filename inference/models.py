@@ -1,0 +1,139 @@
+"""Model pools, their workers, and generations (one per assistant answer being produced)."""
+
+from __future__ import annotations
+
+import uuid
+
+from django.conf import settings
+from django.db import models
+
+
+def default_tiers() -> list[str]:
+    return ["free", "plus", "pro"]
+
+
+class ModelPool(models.Model):
+    """A public model name, the model its workers serve, and who may use it."""
+
+    name = models.SlugField(max_length=100, unique=True, help_text="Public model name.")
+    served_model = models.CharField(
+        max_length=200, help_text="The model name the workers answer to (vLLM's served name)."
+    )
+    tokenizer_path = models.CharField(
+        max_length=500,
+        blank=True,
+        help_text="Folder holding tokenizer.json; empty means the prepared model's folder.",
+    )
+    context_window = models.PositiveIntegerField(default=8192)
+    max_output_tokens = models.PositiveIntegerField(default=512)
+    tiers = models.JSONField(
+        default=default_tiers, help_text="Plan tiers that may use this pool, e.g. free, plus."
+    )
+    fallback = models.ForeignKey(
+        "self",
+        null=True,
+        blank=True,
+        on_delete=models.SET_NULL,
+        related_name="fallback_for",
+        help_text="A smaller pool to send the free tier to under pressure.",
+    )
+    is_active = models.BooleanField(default=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Worker(models.Model):
+    """One vLLM server of a pool, reached over its OpenAI-compatible HTTP API."""
+
+    class State(models.TextChoices):
+        HEALTHY = "healthy"
+        DRAINING = "draining"
+        DOWN = "down"
+
+    class Origin(models.TextChoices):
+        SETTINGS = "settings"
+        ADMIN = "admin"
+
+    pool = models.ForeignKey(ModelPool, on_delete=models.CASCADE, related_name="workers")
+    name = models.SlugField(max_length=100, unique=True)
+    url = models.URLField(max_length=300, unique=True)
+    state = models.CharField(max_length=16, choices=State.choices, default=State.DOWN)
+    origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.ADMIN)
+    max_concurrency = models.PositiveIntegerField(
+        default=32, help_text="Most generations this scheduler sends to the worker at once."
+    )
+    last_seen_at = models.DateTimeField(null=True, blank=True)
+    last_error = models.TextField(blank=True)
+    state_changed_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["pool__name", "name"]
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.url})"
+
+
+class Generation(models.Model):
+    """The production of one assistant message, from queue to final status.
+
+    Rows stay after the answer is done: their timestamps are the service's latency history.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        RUNNING = "running"
+        COMPLETE = "complete"
+        CANCELLED = "cancelled"
+        FAILED = "failed"
+        REJECTED = "rejected"
+
+    FINAL_STATUSES = frozenset({Status.COMPLETE, Status.CANCELLED, Status.FAILED, Status.REJECTED})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    message = models.OneToOneField(
+        "conversations.Message", on_delete=models.CASCADE, related_name="generation"
+    )
+    conversation = models.ForeignKey(
+        "conversations.Conversation", on_delete=models.CASCADE, related_name="generations"
+    )
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="generations"
+    )
+    pool = models.ForeignKey(ModelPool, on_delete=models.PROTECT, related_name="generations")
+    worker = models.ForeignKey(
+        Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="generations"
+    )
+    tier = models.CharField(max_length=32)
+    priority = models.IntegerField(help_text="vLLM priority: lower runs first.")
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    max_tokens = models.PositiveIntegerField()
+    attempts = models.PositiveSmallIntegerField(default=0)
+    enqueued_at = models.DateTimeField(auto_now_add=True)
+    admitted_at = models.DateTimeField(null=True, blank=True)
+    first_token_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    prompt_tokens = models.PositiveIntegerField(null=True, blank=True)
+    output_tokens = models.PositiveIntegerField(null=True, blank=True)
+    cached_tokens = models.PositiveIntegerField(null=True, blank=True)
+    finish_reason = models.CharField(max_length=32, blank=True)
+    error_code = models.CharField(max_length=64, blank=True)
+    error_message = models.TextField(blank=True)
+
+    class Meta:
+        ordering = ["-enqueued_at"]
+        indexes = [
+            models.Index(fields=["status", "enqueued_at"], name="gen_status_idx"),
+            models.Index(fields=["pool", "-enqueued_at"], name="gen_pool_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Generation {self.id} ({self.status})"
+
+    @property
+    def is_final(self) -> bool:
+        return self.status in self.FINAL_STATUSES

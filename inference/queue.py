@@ -1,0 +1,221 @@
+"""The Redis side of the inference plane: queues, jobs, leases, affinity and streams.
+
+Every check-and-change that two processes could race on is one Lua script, so several
+scheduler replicas and edge processes can share one Redis without locks:
+
+- `q:<pool>:<tier>`  sorted set of queued generation ids, scored by enqueue time (ms)
+- `job:<id>`         hash: what the scheduler needs to run the generation (prompt, limits)
+- `lease:<worker>`   sorted set of generation ids running on a worker, scored by lease expiry;
+                     a replica that dies stops renewing, and its leases lapse by themselves
+- `aff:<conv>`       the worker that served the conversation's last turn
+- `metrics:<worker>` the worker's last load reading, for placement and the admin
+- `stream:<id>`      the generation's events (Redis Stream; the entry id is the SSE id)
+- `wake`, `cancel`   pub/sub channels: new work, and cancels of running generations
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from redis import Redis
+from redis.asyncio import Redis as AsyncRedis
+
+JOB_TTL_SECONDS = 24 * 3600
+LEASE_SECONDS = 30
+
+
+def key(*parts: object) -> str:
+    return ":".join([settings.INFERENCE_REDIS_PREFIX, *(str(p) for p in parts)])
+
+
+def queue_key(pool: str, tier: str) -> str:
+    return key("q", pool, tier)
+
+
+def job_key(generation_id: object) -> str:
+    return key("job", generation_id)
+
+
+def stream_key(generation_id: object) -> str:
+    return key("stream", generation_id)
+
+
+def lease_key(worker_id: object) -> str:
+    return key("lease", worker_id)
+
+
+def affinity_key(conversation_id: object) -> str:
+    return key("aff", conversation_id)
+
+
+def metrics_key(worker_id: object) -> str:
+    return key("metrics", worker_id)
+
+
+def wake_channel() -> str:
+    return key("wake")
+
+
+def cancel_channel() -> str:
+    return key("cancel")
+
+
+def tiers_best_first() -> list[str]:
+    return sorted(settings.INFERENCE_TIER_PRIORITY, key=settings.INFERENCE_TIER_PRIORITY.get)
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def sync_redis() -> Redis:
+    return Redis.from_url(settings.REDIS_URL, decode_responses=True)
+
+
+def async_redis() -> AsyncRedis:
+    return AsyncRedis.from_url(settings.REDIS_URL, decode_responses=True)
+
+
+# Enqueue: the job, its place in the queue and the first stream event, all at once.
+ENQUEUE = """
+redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('EXPIRE', KEYS[1], ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
+return 1
+"""
+
+# Claim the oldest generation of the best non-empty tier. ZPOPMIN is what makes a
+# generation go to exactly one replica.
+CLAIM = """
+for i = 1, #KEYS do
+  local popped = redis.call('ZPOPMIN', KEYS[i])
+  if #popped > 0 then
+    local id = popped[1]
+    local job = ARGV[1] .. id
+    if redis.call('EXISTS', job) == 1 then
+      redis.call('HSET', job, 'owner', ARGV[2], 'claimed_ms', ARGV[3])
+      return {id, KEYS[i]}
+    end
+  end
+end
+return false
+"""
+
+# Remove a queued generation if it is still queued: the caller that gets 1 owns its fate.
+UNQUEUE = """
+return redis.call('ZREM', KEYS[1], ARGV[1])
+"""
+
+# Take every generation queued before a deadline out of the queue, atomically.
+EXPIRE_QUEUED = """
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 100)
+for _, id in ipairs(ids) do
+  redis.call('ZREM', KEYS[1], id)
+end
+return ids
+"""
+
+
+@dataclass(frozen=True)
+class Job:
+    """What the scheduler needs to run one generation, as stored in `job:<id>`."""
+
+    generation_id: str
+    pool: str
+    tier: str
+    priority: int
+    conversation_id: str
+    message_id: str
+    messages: list[dict[str, Any]]
+    max_tokens: int
+    params: dict[str, Any]
+    enqueued_ms: int
+    prompt_tokens: int = 0  # our own count, for charging an answer that never reported usage
+
+    def to_fields(self) -> dict[str, str]:
+        return {
+            "generation_id": self.generation_id,
+            "pool": self.pool,
+            "tier": self.tier,
+            "priority": str(self.priority),
+            "conversation_id": self.conversation_id,
+            "message_id": self.message_id,
+            "messages": json.dumps(self.messages),
+            "max_tokens": str(self.max_tokens),
+            "params": json.dumps(self.params),
+            "enqueued_ms": str(self.enqueued_ms),
+            "prompt_tokens": str(self.prompt_tokens),
+        }
+
+    @classmethod
+    def from_fields(cls, fields: dict[str, str]) -> Job:
+        return cls(
+            generation_id=fields["generation_id"],
+            pool=fields["pool"],
+            tier=fields["tier"],
+            priority=int(fields["priority"]),
+            conversation_id=fields["conversation_id"],
+            message_id=fields["message_id"],
+            messages=json.loads(fields["messages"]),
+            max_tokens=int(fields["max_tokens"]),
+            params=json.loads(fields.get("params") or "{}"),
+            enqueued_ms=int(fields["enqueued_ms"]),
+            prompt_tokens=int(fields.get("prompt_tokens") or 0),
+        )
+
+
+def enqueue(redis: Redis, job: Job) -> None:
+    """Put `job` in its queue and tell the schedulers there is work."""
+    fields = job.to_fields()
+    flat: list[str] = []
+    for name, value in fields.items():
+        flat += [name, value]
+    redis.eval(
+        ENQUEUE,
+        2,
+        job_key(job.generation_id),
+        queue_key(job.pool, job.tier),
+        str(job.enqueued_ms),
+        job.generation_id,
+        str(JOB_TTL_SECONDS),
+        *flat,
+    )
+    redis.publish(wake_channel(), job.pool)
+
+
+def unqueue(redis: Redis, *, pool: str, tier: str, generation_id: str) -> bool:
+    """Take a generation out of its queue; True if it was still waiting there."""
+    return bool(redis.eval(UNQUEUE, 1, queue_key(pool, tier), generation_id))
+
+
+def request_cancel(redis: Redis, generation_id: str) -> None:
+    """Ask whichever scheduler runs `generation_id` to stop it now."""
+    redis.hset(job_key(generation_id), "cancel", "1")
+    redis.publish(cancel_channel(), generation_id)
+
+
+def append_event(redis: Redis, generation_id: str, event: str, data: dict[str, Any]) -> str:
+    """Append one event to a generation's stream; returns its id (the SSE id)."""
+    entry_id = redis.xadd(stream_key(generation_id), {"event": event, "data": json.dumps(data)})
+    return str(entry_id)
+
+
+def expire_stream(redis: Redis, generation_id: str) -> None:
+    redis.expire(stream_key(generation_id), settings.GENERATION_STREAM_TTL_SECONDS)
+
+
+def queue_position(redis: Redis, *, pool: str, tier: str, generation_id: str) -> int | None:
+    """1-based place in line across the pool's tiers, or None if no longer queued."""
+    ahead = 0
+    for other in tiers_best_first():
+        if other == tier:
+            rank = redis.zrank(queue_key(pool, tier), generation_id)
+            if rank is None:
+                return None
+            return ahead + int(rank) + 1
+        ahead += int(redis.zcard(queue_key(pool, other)))
+    return None

@@ -1,0 +1,605 @@
+"""The scheduler: admits queued generations to workers and streams their answers to Redis.
+
+One asyncio process (`python manage.py run_scheduler`); any number of replicas share the
+queues. A replica claims a generation with an atomic pop (so none is served twice), places it
+on a worker with room, preferring the worker that served the conversation's last turn (its KV
+cache holds the prefix), streams the answer from vLLM, coalesces tokens into ~50 ms events on
+the generation's Redis Stream, and writes the final text to Postgres once.
+
+Loops, each a task:
+- health:      polls every worker's /health and /metrics; marks workers up and down
+- dispatch:    claims and places generations while some worker has room
+- listen:      pub/sub for new work and for cancels of running generations
+- housekeeping: heartbeat, lease renewal, queue time limit, queue positions, stale sweep
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import os
+import socket
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from . import queue, services
+from .client import OpenAICompatibleClient, WorkerFault, WorkerLoad, get_client
+from .errors import ErrorCode
+from .models import Generation, ModelPool, Worker
+
+logger = logging.getLogger(__name__)
+
+SWEEP_EVERY_SECONDS = 15
+REPLICA_TTL_SECONDS = 10
+
+# Take a lease on a worker only while it has room; expired leases (a dead replica's) are
+# dropped first, so capacity heals by itself.
+ACQUIRE_LEASE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
+return 1
+"""
+
+
+@dataclass
+class WorkerView:
+    """What a replica knows of a worker: its row, and its load as last measured."""
+
+    id: int
+    name: str
+    pool: str
+    url: str
+    served_model: str
+    state: str
+    max_concurrency: int
+    load: WorkerLoad | None = None
+    leases: int = 0
+
+    @property
+    def busy(self) -> float:
+        waiting = self.load.waiting if self.load else 0.0
+        return self.leases + waiting
+
+    def has_room(self) -> bool:
+        if self.state != Worker.State.HEALTHY or self.leases >= self.max_concurrency:
+            return False
+        if self.load is None:
+            return True
+        return (
+            self.load.waiting <= settings.SCHEDULER_MAX_WAITING_PER_WORKER
+            and self.load.kv_cache_percent < settings.SCHEDULER_KV_CACHE_HIGH_PERCENT
+        )
+
+
+@dataclass
+class Run:
+    """One generation being served by this replica."""
+
+    job: queue.Job
+    worker: WorkerView
+    attempt: int = 1
+    text: str = ""
+    pending: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    first_token_seen: bool = False
+    tried: set[int] = field(default_factory=set)
+
+
+class Scheduler:
+    """A scheduler replica. `await run()` until `stop()`."""
+
+    def __init__(
+        self,
+        *,
+        replica_id: str | None = None,
+        client: OpenAICompatibleClient | None = None,
+        health_interval: float | None = None,
+    ) -> None:
+        self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.client = client or get_client()
+        self.redis = queue.async_redis()
+        self.health_interval = (
+            health_interval
+            if health_interval is not None
+            else settings.SCHEDULER_HEALTH_INTERVAL_MS / 1000
+        )
+        self.workers: dict[int, WorkerView] = {}
+        self.pools: list[str] = []
+        self.running: dict[str, asyncio.Task[None]] = {}
+        self.leases: dict[str, int] = {}
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._background: set[asyncio.Task[Any]] = set()
+        self._last_sweep = 0.0
+
+    # Lifecycle
+
+    async def run(self) -> None:
+        await sync_to_async(services.workers_sync_from_settings)()
+        await self.heartbeat()
+        await self.check_workers()
+        loops = [
+            asyncio.create_task(self._loop(self.check_workers, self.health_interval), name="health"),
+            asyncio.create_task(self.dispatch_loop(), name="dispatch"),
+            asyncio.create_task(self.listen_loop(), name="listen"),
+            asyncio.create_task(self._loop(self.housekeeping, 1.0), name="housekeeping"),
+        ]
+        logger.info("scheduler %s started with %d worker(s)", self.replica_id, len(self.workers))
+        try:
+            await self._stopping.wait()
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._drain()
+            await self.redis.delete(queue.key("replica", self.replica_id))
+            await self.redis.aclose()
+            await self.client.aclose()
+            logger.info("scheduler %s stopped", self.replica_id)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    async def _drain(self) -> None:
+        """Let running answers finish for a while, then cancel what is left."""
+        if self.running:
+            _, pending = await asyncio.wait(list(self.running.values()), timeout=30)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _loop(self, step: Any, interval: float) -> None:
+        while not self._stopping.is_set():
+            try:
+                await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("scheduler loop %s failed; retrying", step.__name__)
+            await asyncio.sleep(interval)
+
+    # Workers
+
+    async def check_workers(self) -> None:
+        """Refresh the worker list from the database and measure each worker's load."""
+        rows = await sync_to_async(_worker_rows)()
+        views = {row.id: row for row in rows}
+        for view in views.values():
+            known = self.workers.get(view.id)
+            if known is not None:
+                view.load = known.load
+        results = await asyncio.gather(
+            *(self.client.health(view.url) for view in views.values()), return_exceptions=True
+        )
+        became_healthy = False
+        for view, result in zip(views.values(), results, strict=True):
+            if isinstance(result, WorkerLoad):
+                view.load = result
+                await self.redis.hset(
+                    queue.metrics_key(view.id),
+                    mapping={
+                        "running": result.running,
+                        "waiting": result.waiting,
+                        "kv_cache_percent": result.kv_cache_percent,
+                        "prefix_cache_queries": result.prefix_cache_queries,
+                        "prefix_cache_hits": result.prefix_cache_hits,
+                        "measured_ms": queue.now_ms(),
+                    },
+                )
+                await self.redis.expire(queue.metrics_key(view.id), 30)
+                if view.state == Worker.State.DOWN:
+                    changed = await sync_to_async(services.worker_set_state)(
+                        worker_id=view.id, state=Worker.State.HEALTHY
+                    )
+                    view.state = Worker.State.HEALTHY
+                    became_healthy = became_healthy or changed
+                    logger.info("worker %s is up", view.name)
+            else:
+                view.load = None
+                if view.state == Worker.State.HEALTHY:
+                    await self._mark_down(view, str(result))
+        self.workers = views
+        self.pools = sorted({view.pool for view in views.values()})
+        if became_healthy:
+            self._wake.set()
+
+    async def _mark_down(self, view: WorkerView, error: str) -> None:
+        view.state = Worker.State.DOWN
+        known = self.workers.get(view.id)
+        if known is not None:
+            known.state = Worker.State.DOWN
+        await sync_to_async(services.worker_set_state)(
+            worker_id=view.id, state=Worker.State.DOWN, error=error
+        )
+        logger.warning("worker %s is down: %s", view.name, error)
+
+    async def _count_leases(self, views: list[WorkerView]) -> None:
+        async with self.redis.pipeline(transaction=False) as pipe:
+            now = queue.now_ms()
+            for view in views:
+                pipe.zcount(queue.lease_key(view.id), now, "+inf")
+            counts = await pipe.execute()
+        for view, count in zip(views, counts, strict=True):
+            view.leases = int(count)
+
+    async def candidates(self, pool: str, *, exclude: set[int] | None = None) -> list[WorkerView]:
+        """The pool's healthy workers that can take one more generation now."""
+        views = [
+            v
+            for v in self.workers.values()
+            if v.pool == pool and v.state == Worker.State.HEALTHY and v.id not in (exclude or ())
+        ]
+        if not views:
+            return []
+        await self._count_leases(views)
+        return [v for v in views if v.has_room()]
+
+    async def place(self, job: queue.Job, candidates: list[WorkerView]) -> list[WorkerView]:
+        """Candidates in order of preference: the conversation's worker first if it is not
+        loaded well beyond the least-loaded one, then by load."""
+        by_load = sorted(candidates, key=lambda v: (v.busy, v.id))
+        sticky_id = await self.redis.get(queue.affinity_key(job.conversation_id))
+        if sticky_id is not None:
+            sticky = next((v for v in by_load if str(v.id) == sticky_id), None)
+            if sticky is not None and sticky.busy <= by_load[0].busy + settings.SCHEDULER_AFFINITY_SLACK:
+                return [sticky, *(v for v in by_load if v is not sticky)]
+        return by_load
+
+    async def acquire_lease(self, view: WorkerView, generation_id: str) -> bool:
+        now = queue.now_ms()
+        ok = await self.redis.eval(
+            ACQUIRE_LEASE,
+            1,
+            queue.lease_key(view.id),
+            str(now),
+            str(view.max_concurrency),
+            str(now + queue.LEASE_SECONDS * 1000),
+            generation_id,
+        )
+        if ok:
+            self.leases[generation_id] = view.id
+            view.leases += 1
+        return bool(ok)
+
+    async def release_lease(self, generation_id: str) -> None:
+        worker_id = self.leases.pop(generation_id, None)
+        if worker_id is not None:
+            await self.redis.zrem(queue.lease_key(worker_id), generation_id)
+
+    # Dispatch
+
+    async def dispatch_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                dispatched = await self.dispatch_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("dispatch failed; retrying")
+                dispatched = False
+            if not dispatched:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.25)
+
+    async def dispatch_once(self) -> bool:
+        """Admit at most one generation per pool; True if any was admitted."""
+        dispatched = False
+        for pool in self.pools:
+            candidates = await self.candidates(pool)
+            if not candidates:
+                continue
+            claimed = await self.redis.eval(
+                queue.CLAIM,
+                len(queue.tiers_best_first()),
+                *(queue.queue_key(pool, tier) for tier in queue.tiers_best_first()),
+                queue.job_key(""),
+                self.replica_id,
+                str(queue.now_ms()),
+            )
+            if not claimed:
+                continue
+            generation_id, queue_name = claimed
+            fields = await self.redis.hgetall(queue.job_key(generation_id))
+            job = queue.Job.from_fields(fields)
+            for view in await self.place(job, candidates):
+                if await self.acquire_lease(view, generation_id):
+                    run = Run(job=job, worker=view, tried={view.id})
+                    task = asyncio.create_task(self.serve(run), name=f"gen-{generation_id}")
+                    self.running[generation_id] = task
+                    dispatched = True
+                    break
+            else:
+                # Every candidate filled up meanwhile (another replica): back in line, same place.
+                await self.redis.zadd(queue_name, {generation_id: job.enqueued_ms})
+                await self.redis.hdel(queue.job_key(generation_id), "owner")
+        return dispatched
+
+    # Serving one generation
+
+    async def serve(self, run: Run) -> None:
+        gid = run.job.generation_id
+        try:
+            if await self.redis.hget(queue.job_key(gid), "cancel"):
+                await self._finish(run, Generation.Status.CANCELLED, "cancelled")
+                return
+            while True:
+                try:
+                    await self._attempt(run)
+                except WorkerFault as fault:
+                    if not await self._retry_elsewhere(run, fault):
+                        await self._finish(
+                            run,
+                            Generation.Status.FAILED,
+                            "error",
+                            error_code=fault.code,
+                            error_message=f"The model worker failed: {fault.message}",
+                        )
+                        return
+                else:
+                    await self._finish(
+                        run, Generation.Status.COMPLETE, run.finish_reason or "stop"
+                    )
+                    return
+        except asyncio.CancelledError:
+            await asyncio.shield(self._finish(run, Generation.Status.CANCELLED, "cancelled"))
+            raise
+        except Exception as exc:
+            logger.exception("generation %s failed", gid)
+            await self._finish(
+                run,
+                Generation.Status.FAILED,
+                "error",
+                error_code=ErrorCode.GENERATION_FAILED,
+                error_message=f"The service failed while answering: {type(exc).__name__}",
+            )
+        finally:
+            await self.release_lease(gid)
+            self.running.pop(gid, None)
+            self._wake.set()
+
+    async def _attempt(self, run: Run) -> None:
+        job, view = run.job, run.worker
+        await sync_to_async(services.generation_mark_running)(
+            generation_id=job.generation_id, worker_id=view.id, attempt=run.attempt
+        )
+        await self.redis.set(
+            queue.affinity_key(job.conversation_id),
+            view.id,
+            ex=settings.SCHEDULER_AFFINITY_TTL_SECONDS,
+        )
+        await self._event(
+            job.generation_id,
+            "meta",
+            {"status": "running", "worker": view.name, "attempt": run.attempt},
+        )
+        stream = self.client.stream_chat(
+            base_url=view.url,
+            model=view.served_model,
+            messages=job.messages,
+            max_tokens=job.max_tokens,
+            priority=job.priority,
+            params=job.params,
+            request_id=f"{job.generation_id}-{run.attempt}",
+        )
+        loop = asyncio.get_running_loop()
+        coalesce = settings.SCHEDULER_COALESCE_MS / 1000
+        last_flush = 0.0
+        flusher: asyncio.Task[None] | None = None
+        try:
+            async for chunk in stream:
+                if chunk.usage:
+                    run.usage = chunk.usage
+                if chunk.finish_reason:
+                    run.finish_reason = chunk.finish_reason
+                if not chunk.text:
+                    continue
+                run.text += chunk.text
+                run.pending += chunk.text
+                if not run.first_token_seen:
+                    run.first_token_seen = True
+                    self._spawn(
+                        sync_to_async(services.generation_mark_first_token)(
+                            generation_id=job.generation_id
+                        )
+                    )
+                now = loop.time()
+                if now - last_flush >= coalesce:
+                    if flusher is not None:
+                        flusher.cancel()
+                        flusher = None
+                    await self._flush(run)
+                    last_flush = now
+                elif flusher is None or flusher.done():
+                    flusher = asyncio.create_task(self._flush_later(run, coalesce - (now - last_flush)))
+        finally:
+            if flusher is not None:
+                flusher.cancel()
+            await stream.aclose()  # type: ignore[attr-defined]
+        await self._flush(run)
+
+    async def _flush_later(self, run: Run, delay: float) -> None:
+        await asyncio.sleep(delay)
+        await self._flush(run)
+
+    async def _flush(self, run: Run) -> None:
+        if run.pending:
+            text, run.pending = run.pending, ""
+            await self._event(run.job.generation_id, "delta", {"text": text})
+
+    async def _retry_elsewhere(self, run: Run, fault: WorkerFault) -> bool:
+        """Restart once on another worker after a fault; False if that is not possible."""
+        gid = run.job.generation_id
+        logger.warning("generation %s: worker %s failed: %s", gid, run.worker.name, fault.message)
+        await self.release_lease(gid)
+        if fault.code == "worker_unreachable":
+            await self._mark_down(run.worker, fault.message)
+        if run.attempt >= settings.GENERATION_MAX_ATTEMPTS:
+            return False
+        for view in await self.place(
+            run.job, await self.candidates(run.job.pool, exclude=run.tried)
+        ):
+            if await self.acquire_lease(view, gid):
+                run.worker = view
+                run.tried.add(view.id)
+                run.attempt += 1
+                run.text = run.pending = ""
+                run.usage = run.finish_reason = None
+                await self._event(gid, "restart", {"reason": fault.code, "attempt": run.attempt})
+                return True
+        return False
+
+    async def _finish(
+        self, run: Run, status: str, finish_reason: str, error_code: str = "", error_message: str = ""
+    ) -> None:
+        await self._flush(run)
+        usage = run.usage or {}
+        if not usage and run.first_token_seen:
+            # The worker read the whole prompt before its first token; charge our count of it.
+            usage = {"prompt_tokens": run.job.prompt_tokens}
+        details = usage.get("prompt_tokens_details") or {}
+        await sync_to_async(services.generation_finish)(
+            generation_id=run.job.generation_id,
+            status=status,
+            text=run.text,
+            finish_reason=finish_reason,
+            prompt_tokens=usage.get("prompt_tokens"),
+            output_tokens=usage.get("completion_tokens"),
+            cached_tokens=details.get("cached_tokens"),
+            error_code=error_code,
+            error_message=error_message,
+        )
+
+    async def _event(self, generation_id: str, event: str, data: dict[str, Any]) -> None:
+        await self.redis.xadd(
+            queue.stream_key(generation_id), {"event": event, "data": json.dumps(data)}
+        )
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    # Messages from other processes
+
+    async def listen_loop(self) -> None:
+        pubsub = self.redis.pubsub()
+        await pubsub.subscribe(queue.wake_channel(), queue.cancel_channel())
+        try:
+            while not self._stopping.is_set():
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if message is None:
+                    continue
+                if message["channel"] == queue.wake_channel():
+                    self._wake.set()
+                elif message["channel"] == queue.cancel_channel():
+                    task = self.running.get(message["data"])
+                    if task is not None:
+                        task.cancel()
+        finally:
+            await pubsub.aclose()
+
+    # Housekeeping
+
+    async def heartbeat(self) -> None:
+        await self.redis.set(queue.key("replica", self.replica_id), "1", ex=REPLICA_TTL_SECONDS)
+
+    async def housekeeping(self) -> None:
+        await self.heartbeat()
+        expiry = queue.now_ms() + queue.LEASE_SECONDS * 1000
+        for generation_id, worker_id in list(self.leases.items()):
+            await self.redis.zadd(queue.lease_key(worker_id), {generation_id: expiry}, xx=True)
+        # One replica at a time does the pool-wide chores.
+        if not await self.redis.set(queue.key("housekeeping"), self.replica_id, nx=True, px=900):
+            return
+        await self.reject_overdue()
+        await self.publish_positions()
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_sweep >= SWEEP_EVERY_SECONDS:
+            self._last_sweep = loop.time()
+            await self.sweep()
+
+    async def reject_overdue(self) -> None:
+        deadline = queue.now_ms() - settings.SCHEDULER_MAX_QUEUE_SECONDS * 1000
+        for pool in await self._queued_pools():
+            for tier in queue.tiers_best_first():
+                ids = await self.redis.eval(
+                    queue.EXPIRE_QUEUED, 1, queue.queue_key(pool, tier), str(deadline)
+                )
+                for generation_id in ids:
+                    await sync_to_async(services.generation_finish)(
+                        generation_id=generation_id,
+                        status=Generation.Status.REJECTED,
+                        text="",
+                        finish_reason="rejected",
+                        error_code=ErrorCode.QUEUE_TIMEOUT,
+                        error_message=(
+                            "Demand is high and no model worker could take this answer in "
+                            f"{settings.SCHEDULER_MAX_QUEUE_SECONDS} s. Please try again."
+                        ),
+                    )
+
+    async def publish_positions(self) -> None:
+        """Tell each waiting generation its place in line, when it changes."""
+        for pool in await self._queued_pools():
+            high_demand = not await self.candidates(pool)
+            position = 0
+            for tier in queue.tiers_best_first():
+                for generation_id in await self.redis.zrange(queue.queue_key(pool, tier), 0, 499):
+                    position += 1
+                    job = queue.job_key(generation_id)
+                    marker = f"{position}:{int(high_demand)}"
+                    previous = await self.redis.hget(job, "position")
+                    if previous != marker:
+                        await self.redis.hset(job, "position", marker)
+                        await self._event(
+                            generation_id,
+                            "queue",
+                            {"position": position, "high_demand": high_demand},
+                        )
+
+    async def _queued_pools(self) -> list[str]:
+        names = await sync_to_async(_active_pool_names)()
+        return names
+
+    async def sweep(self) -> None:
+        replicas = {
+            name.rsplit(":", 1)[-1]
+            async for name in self.redis.scan_iter(match=queue.key("replica", "*"))
+        }
+        await sync_to_async(close_old_connections)()
+        swept = await sync_to_async(services.generation_sweep_stale)(live_replicas=replicas)
+        if swept:
+            logger.warning("swept %d stale generation(s)", swept)
+
+
+def _worker_rows() -> list[WorkerView]:
+    close_old_connections()
+    return [
+        WorkerView(
+            id=w.id,
+            name=w.name,
+            pool=w.pool.name,
+            url=w.url.rstrip("/"),
+            served_model=w.pool.served_model,
+            state=w.state,
+            max_concurrency=w.max_concurrency,
+        )
+        for w in Worker.objects.filter(pool__is_active=True).select_related("pool")
+    ]
+
+
+def _active_pool_names() -> list[str]:
+    return list(ModelPool.objects.filter(is_active=True).values_list("name", flat=True))

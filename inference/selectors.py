@@ -1,0 +1,40 @@
+"""Reads of the inference plane that views share."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import User
+from django.db.models import QuerySet
+
+from chatsite.errors import NotFound
+
+from . import queue
+from .models import Generation, ModelPool, Worker
+
+
+def generation_for_user(*, user: User, generation_id: Any) -> Generation:
+    """The generation if `user` started it; NotFound otherwise, as for one that never existed."""
+    generation = (
+        Generation.objects.select_related("pool", "message").filter(pk=generation_id, user=user).first()
+    )
+    if generation is None:
+        raise NotFound("Generation not found.")
+    return generation
+
+
+def pools_for_tier(*, tier: str) -> list[ModelPool]:
+    return [pool for pool in ModelPool.objects.filter(is_active=True) if tier in pool.tiers]
+
+
+def workers_of_pool(*, pool: ModelPool) -> QuerySet[Worker]:
+    return pool.workers.all()
+
+
+def worker_live_load(*, worker_id: int) -> dict[str, float]:
+    """The worker's last load reading and in-flight count, as the schedulers see them."""
+    redis = queue.sync_redis()
+    reading = redis.hgetall(queue.metrics_key(worker_id))
+    load = {name: float(value) for name, value in reading.items()}
+    load["in_flight"] = float(redis.zcount(queue.lease_key(worker_id), queue.now_ms(), "+inf"))
+    return load

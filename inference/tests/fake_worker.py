@@ -1,0 +1,152 @@
+"""A deliberately misbehaving stand-in for a vLLM worker, for the scheduler's fault tests.
+
+It speaks just enough of vLLM's HTTP API (/health, /metrics, streaming
+/v1/chat/completions) and can be told to answer well, die mid-stream, hang, answer 500 or
+send garbage. It records every request so tests can count who served what.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections import Counter
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+
+class FakeWorker:
+    """One stand-in worker on a free loopback port."""
+
+    def __init__(self, *, mode: str = "ok", tokens: int = 8, token_delay: float = 0.01) -> None:
+        self.mode = mode
+        self.tokens = tokens
+        self.token_delay = token_delay
+        self.requests: list[dict[str, Any]] = []
+        self.request_ids: list[str] = []
+        self.running = 0
+        self.aborted = 0
+        self.healthy = True
+        self._lock = threading.Lock()
+        self._release = threading.Event()
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
+        self.server.daemon_threads = True
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+
+    @property
+    def url(self) -> str:
+        host, port = self.server.server_address[:2]
+        return f"http://{host!s}:{port}"
+
+    def start(self) -> FakeWorker:
+        self.thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._release.set()
+        self.server.shutdown()
+        self.server.server_close()
+
+    def served(self) -> Counter[str]:
+        """How many times each generation id was requested (ids are `<gen>-<attempt>`)."""
+        return Counter(rid.rsplit("-", 1)[0] for rid in self.request_ids)
+
+    def _handler(self) -> type[BaseHTTPRequestHandler]:
+        worker = self
+
+        class Handler(BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def log_message(self, format: str, *args: Any) -> None:
+                return
+
+            def do_GET(self) -> None:
+                if not worker.healthy:
+                    self.send_error(503)
+                    return
+                if self.path == "/health":
+                    self._send(200, b"", "text/plain")
+                elif self.path == "/metrics":
+                    body = (
+                        "# TYPE vllm:num_requests_running gauge\n"
+                        f'vllm:num_requests_running{{model_name="fake"}} {worker.running}\n'
+                        "# TYPE vllm:num_requests_waiting gauge\n"
+                        'vllm:num_requests_waiting{model_name="fake"} 0\n'
+                        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+                        'vllm:kv_cache_usage_perc{model_name="fake"} 0.1\n'
+                    )
+                    self._send(200, body.encode(), "text/plain")
+                else:
+                    self.send_error(404)
+
+            def do_POST(self) -> None:
+                length = int(self.headers.get("Content-Length", "0"))
+                body = json.loads(self.rfile.read(length))
+                with worker._lock:
+                    worker.requests.append(body)
+                    worker.request_ids.append(self.headers.get("X-Request-Id", ""))
+                mode = worker.mode
+                if mode == "error500":
+                    self._send(500, b'{"error": "internal"}', "application/json")
+                    return
+                self.send_response(200)
+                self.send_header("Content-Type", "text/event-stream")
+                self.send_header("Transfer-Encoding", "chunked")
+                self.end_headers()
+                with worker._lock:
+                    worker.running += 1
+                try:
+                    self._stream(body, mode)
+                except (BrokenPipeError, ConnectionResetError):
+                    with worker._lock:
+                        worker.aborted += 1
+                finally:
+                    with worker._lock:
+                        worker.running -= 1
+
+            def _stream(self, body: dict[str, Any], mode: str) -> None:
+                count = min(worker.tokens, int(body.get("max_tokens") or worker.tokens))
+                for index in range(count):
+                    if mode == "die" and index == 3:
+                        # Vanish without finishing the chunked body.
+                        self.connection.shutdown(2)
+                        return
+                    if mode == "hang" and index == 3:
+                        worker._release.wait(timeout=60)
+                        return
+                    if mode == "garbage" and index == 3:
+                        self._chunk(b"data: {this is not json\n\n")
+                        continue
+                    delta = {"content": f"tok{index} "}
+                    self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+                    time.sleep(worker.token_delay)
+                finish = "length" if count < worker.tokens else "stop"
+                self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
+                self._event(
+                    {
+                        "choices": [],
+                        "usage": {
+                            "prompt_tokens": 11,
+                            "completion_tokens": count,
+                            "total_tokens": 11 + count,
+                        },
+                    }
+                )
+                self._chunk(b"data: [DONE]\n\n")
+                self._chunk(b"")
+
+            def _event(self, data: dict[str, Any]) -> None:
+                self._chunk(b"data: " + json.dumps(data).encode() + b"\n\n")
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
+            def _send(self, status: int, body: bytes, content_type: str) -> None:
+                self.send_response(status)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        return Handler

@@ -1,0 +1,299 @@
+"""The scheduler against stand-in workers: admission, placement, streaming, faults, cancels.
+
+The stand-ins are allowed here because these tests are about our side of a worker's fault;
+the real vLLM worker is exercised in test_e2e_vllm.py.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from conversations.models import Conversation, Message
+from conversations.services import conversation_create
+from conversations.turns import Turn, turn_send
+from inference import queue, services
+from inference.models import Generation, Worker
+
+from .conftest import (
+    generation_status,
+    register_pool,
+    running_schedulers,
+    stream_events,
+    wait_for,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+def _send(user: User, content: str = "Hello there", conversation: Conversation | None = None) -> Turn:
+    conversation = conversation or conversation_create(owner=user)
+    return turn_send(user=user, conversation=conversation, content=content)
+
+
+send = sync_to_async(_send)
+
+
+def _final(generation_id: Any) -> bool:
+    return Generation.objects.get(pk=generation_id).is_final
+
+
+async def finished(generation_id: Any) -> bool:
+    return await sync_to_async(_final)(generation_id)
+
+
+def events_named(generation_id: Any) -> list[str]:
+    return [name for name, _ in stream_events(generation_id)]
+
+
+async def test_answer_is_streamed_and_persisted_once(user: User, fake_workers: Any) -> None:
+    fake = fake_workers(tokens=6)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id))
+
+    generation = await Generation.objects.select_related("message", "worker").aget(
+        pk=turn.generation.id
+    )
+    assert generation.status == Generation.Status.COMPLETE
+    assert generation.message.status == Message.Status.COMPLETE
+    assert generation.message.content == "".join(f"tok{i} " for i in range(6))
+    assert generation.prompt_tokens == 11
+    assert generation.output_tokens == 6
+    assert generation.message.output_tokens == 6
+    assert generation.finish_reason == "stop"
+    assert generation.worker is not None and generation.worker.url == fake.url
+    assert generation.admitted_at and generation.first_token_at and generation.finished_at
+
+    events = await sync_to_async(stream_events)(turn.generation.id)
+    names = [name for name, _ in events]
+    assert names[0] == "meta" and names[-1] == "done"
+    assert "delta" in names and "error" not in names
+    text = "".join(data["text"] for name, data in events if name == "delta")
+    assert text == generation.message.content
+    assert events[-1][1]["status"] == "complete"
+    # The request carried the tier's priority and the conversation's messages.
+    request = fake.requests[0]
+    assert request["priority"] == services.tier_priority("free")
+    assert request["messages"][-1] == {"role": "user", "content": "Hello there"}
+    assert request["stream"] is True
+
+
+async def test_tokens_are_coalesced_into_fewer_events(user: User, fake_workers: Any) -> None:
+    fake = fake_workers(tokens=40, token_delay=0.005)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id))
+    deltas = [n for n in await sync_to_async(events_named)(turn.generation.id) if n == "delta"]
+    # 40 tokens 5 ms apart are ~200 ms of output: about four 50 ms windows, not 40 events.
+    assert 1 < len(deltas) < 15
+
+
+async def test_worker_dying_mid_stream_restarts_on_another(user: User, fake_workers: Any) -> None:
+    dying = fake_workers(mode="die")
+    healthy = fake_workers(tokens=5)
+    await sync_to_async(register_pool)(dying, healthy)
+    # Make the dying worker the conversation's sticky one, so it is tried first.
+    turn = await send(user)
+    dying_row = await Worker.objects.aget(url=dying.url)
+    await queue.async_redis().set(queue.affinity_key(turn.conversation.id), dying_row.id)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id))
+
+    generation = await Generation.objects.select_related("message", "worker").aget(
+        pk=turn.generation.id
+    )
+    assert generation.status == Generation.Status.COMPLETE
+    assert generation.attempts == 2
+    assert generation.worker is not None and generation.worker.url == healthy.url
+    assert generation.message.content == "".join(f"tok{i} " for i in range(5))
+    names = await sync_to_async(events_named)(turn.generation.id)
+    assert "restart" in names
+    # What came after the restart is the whole answer; the partial text before it is void.
+    events = await sync_to_async(stream_events)(turn.generation.id)
+    after = [d["text"] for n, d in events[names.index("restart") :] if n == "delta"]
+    assert "".join(after) == generation.message.content
+
+
+@pytest.mark.parametrize(
+    ("mode", "code"),
+    [("die", "worker_unreachable"), ("error500", "worker_error"), ("garbage", "bad_response")],
+)
+async def test_lone_faulty_worker_fails_the_generation(
+    user: User, fake_workers: Any, mode: str, code: str
+) -> None:
+    fake = fake_workers(mode=mode)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id))
+
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.FAILED
+    assert generation.error_code == code
+    assert generation.message.status == Message.Status.FAILED
+    events = await sync_to_async(stream_events)(turn.generation.id)
+    names = [n for n, _ in events]
+    assert names[-2:] == ["error", "done"]
+    assert events[-2][1]["code"] == code
+
+
+async def test_hung_worker_is_detected_and_generation_fails(
+    user: User, fake_workers: Any, settings: Any
+) -> None:
+    settings.SCHEDULER_STALL_SECONDS = 1
+    fake = fake_workers(mode="hang")
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id), timeout=10)
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.FAILED
+    assert generation.error_code == "worker_stalled"
+    # The three tokens that did arrive are kept with the failed message.
+    assert generation.message.content == "tok0 tok1 tok2 "
+    assert generation.output_tokens is not None and generation.output_tokens > 0
+
+
+async def test_cancel_of_a_queued_generation_is_immediate(user: User) -> None:
+    await sync_to_async(register_pool)()  # a pool with no worker: nothing will run
+    turn = await send(user)
+    generation = await sync_to_async(services.generation_cancel)(generation=turn.generation)
+    assert generation.status == Generation.Status.CANCELLED
+    message = await Message.objects.aget(pk=turn.assistant_message.pk)
+    assert message.status == Message.Status.CANCELLED
+    assert await sync_to_async(events_named)(generation.id) == ["meta", "done"]
+    pool_queue = queue.queue_key(settings.DEFAULT_MODEL, turn.generation.tier)
+    assert await queue.async_redis().zcard(pool_queue) == 0
+
+
+async def test_cancel_of_a_running_generation_closes_the_worker_request(
+    user: User, fake_workers: Any
+) -> None:
+    fake = fake_workers(tokens=500, token_delay=0.02)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    async with running_schedulers():
+
+        async def streaming() -> bool:
+            return "delta" in await sync_to_async(events_named)(turn.generation.id)
+
+        await wait_for(streaming)
+        await sync_to_async(services.generation_cancel)(generation=turn.generation)
+        await wait_for(lambda: finished(turn.generation.id), timeout=5)
+
+        async def worker_aborted() -> bool:
+            return fake.aborted == 1 and fake.running == 0
+
+        await wait_for(worker_aborted, timeout=5)
+
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.CANCELLED
+    assert generation.message.status == Message.Status.CANCELLED
+    assert generation.message.content.startswith("tok0 ")
+    assert generation.output_tokens is not None and generation.output_tokens > 0
+
+
+async def test_generation_waiting_too_long_is_rejected(user: User, settings: Any) -> None:
+    settings.SCHEDULER_MAX_QUEUE_SECONDS = 1
+    await sync_to_async(register_pool)()  # no worker at all
+    turn = await send(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id), timeout=10)
+    assert await generation_status(turn.generation.id) == Generation.Status.REJECTED
+    events = await sync_to_async(stream_events)(turn.generation.id)
+    names = [n for n, _ in events]
+    assert "queue" in names  # the client was told its place in line while it waited
+    queue_event = next(d for n, d in events if n == "queue")
+    assert queue_event == {"position": 1, "high_demand": True}
+    assert names[-2:] == ["error", "done"]
+    assert events[-2][1]["code"] == "queue_timeout"
+
+
+async def test_next_turn_goes_to_the_worker_that_served_the_last(
+    user: User, fake_workers: Any
+) -> None:
+    fakes = [fake_workers(tokens=3), fake_workers(tokens=3), fake_workers(tokens=3)]
+    await sync_to_async(register_pool)(*fakes)
+    first = await send(user, "first question")
+    async with running_schedulers():
+        await wait_for(lambda: finished(first.generation.id))
+        second = await send(user, "second question", first.conversation)
+        await wait_for(lambda: finished(second.generation.id))
+        third = await send(user, "third question", first.conversation)
+        await wait_for(lambda: finished(third.generation.id))
+    workers = [
+        (await Generation.objects.aget(pk=t.generation.id)).worker_id
+        for t in (first, second, third)
+    ]
+    assert workers[0] is not None
+    assert workers == [workers[0]] * 3
+    # The second turn's prompt extends the first: the worker's cached prefix stays valid.
+    served = next(f for f in fakes if len(f.requests) == 3)
+    first_prompt, second_prompt = served.requests[0]["messages"], served.requests[1]["messages"]
+    assert second_prompt[: len(first_prompt)] == first_prompt
+
+
+async def test_two_replicas_serve_every_generation_exactly_once(
+    user: User, fake_workers: Any
+) -> None:
+    fakes = [fake_workers(tokens=3, token_delay=0.002) for _ in range(2)]
+    await sync_to_async(register_pool)(*fakes)
+    turns = [await send(user, f"question {i}") for i in range(24)]
+    async with running_schedulers(count=2):
+
+        async def all_finished() -> bool:
+            return all([await finished(t.generation.id) for t in turns])
+
+        await wait_for(all_finished, timeout=30)
+    served = fakes[0].served() + fakes[1].served()
+    assert sorted(served) == sorted(str(t.generation.id) for t in turns)
+    assert set(served.values()) == {1}
+    statuses = {await generation_status(t.generation.id) for t in turns}
+    assert statuses == {Generation.Status.COMPLETE}
+
+
+async def test_worker_down_is_marked_and_comes_back(fake_workers: Any) -> None:
+    fake = fake_workers()
+    await sync_to_async(register_pool)(fake)
+    async with running_schedulers():
+        fake.healthy = False
+
+        async def state_is(state: str) -> bool:
+            return (await Worker.objects.aget(url=fake.url)).state == state
+
+        await wait_for(lambda: state_is(Worker.State.DOWN))
+        fake.healthy = True
+        await wait_for(lambda: state_is(Worker.State.HEALTHY))
+
+
+def test_stale_generation_of_a_dead_replica_is_swept(user: User) -> None:
+    register_pool()
+    turn = _send(user)
+    redis = queue.sync_redis()
+    gid = str(turn.generation.id)
+    # A replica claimed it, started streaming, then died without a word.
+    redis.zrem(queue.queue_key(turn.generation.pool.name, turn.generation.tier), gid)
+    redis.hset(queue.job_key(gid), "owner", "dead-replica")
+    queue.append_event(redis, gid, "delta", {"text": "partial "})
+    long_ago = turn.generation.enqueued_at.replace(year=2000)
+    Generation.objects.filter(pk=gid).update(status=Generation.Status.RUNNING, enqueued_at=long_ago)
+
+    assert services.generation_sweep_stale(live_replicas={"live-replica"}) == 1
+    generation = Generation.objects.select_related("message").get(pk=gid)
+    assert generation.status == Generation.Status.FAILED
+    assert generation.error_code == "scheduler_lost"
+    assert generation.message.status == Message.Status.FAILED
+    assert generation.message.content == "partial "
+    assert events_named(gid)[-2:] == ["error", "done"]
+    # A generation owned by a live replica is left alone.
+    other = _send(user, conversation=turn.conversation)
+    redis.hset(queue.job_key(str(other.generation.id)), "owner", "live-replica")
+    Generation.objects.filter(pk=other.generation.id).update(enqueued_at=long_ago)
+    assert services.generation_sweep_stale(live_replicas={"live-replica"}) == 0
