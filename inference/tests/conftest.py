@@ -4,16 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connections
 
 from inference import queue
+from inference.client import WorkerLoad, parse_metrics
 from inference.models import ModelPool, Worker
 from inference.scheduler import Scheduler
 
@@ -96,3 +106,70 @@ async def generation_status(generation_id: Any) -> str:
 
 
 async_stream_events = sync_to_async(stream_events)
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+@dataclass
+class RealWorker:
+    """A real vLLM server started for the end-to-end tests."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+    log: Path
+
+    def metrics(self) -> WorkerLoad:
+        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=5).text)
+
+
+def _start_real_workers(count: int, log_dir: Path) -> list[RealWorker]:
+    if not Path(settings.WORKER_PYTHON).exists() or not (settings.MODEL_DIR / "config.json").exists():
+        message = "the vLLM worker venv or the prepared model is missing (make worker-venv model)"
+        if os.environ.get("CHATSITE_E2E_REQUIRED"):
+            pytest.fail(message)
+        pytest.skip(message)
+    workers = []
+    for index in range(count):
+        port = _free_port()
+        log = log_dir / f"vllm-worker-{index}.log"
+        process = subprocess.Popen(  # noqa: S603 (our own command line)
+            [sys.executable, "manage.py", "run_worker", "--port", str(port)],
+            cwd=settings.BASE_DIR,
+            stdout=log.open("wb"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        workers.append(RealWorker(url=f"http://127.0.0.1:{port}", process=process, log=log))
+    deadline = time.monotonic() + 300
+    for worker in workers:
+        while True:
+            if worker.process.poll() is not None:
+                pytest.fail(f"vLLM worker exited early:\n{worker.log.read_text()[-3000:]}")
+            try:
+                if httpx.get(f"{worker.url}/health", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"vLLM worker did not start:\n{worker.log.read_text()[-3000:]}")
+            time.sleep(1)
+    return workers
+
+
+@pytest.fixture(scope="session")
+def real_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RealWorker]]:
+    """Two real vLLM CPU workers serving SmolLM2-135M-Instruct, for the whole session."""
+    workers = _start_real_workers(2, tmp_path_factory.mktemp("vllm"))
+    yield workers
+    for worker in workers:
+        os.killpg(worker.process.pid, signal.SIGTERM)
+    for worker in workers:
+        try:
+            worker.process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(worker.process.pid, signal.SIGKILL)
+            worker.process.wait()

