@@ -18,10 +18,10 @@ TEST_DB := chatsite
 RUN_ENV = INFERENCE_WORKERS=$${INFERENCE_WORKERS:-smollm2-135m=http://127.0.0.1:8101} \
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/$(RUN_DB)} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
-	SECRET_KEY=$$(cat $(DATA_DIR)/secret_key)
+	SECRET_KEY=$$(cat $(DATA_DIR)/secret_key) SECURE_COOKIES=0
 TEST_ENV = DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/$(TEST_DB)} \
 	REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/1} \
-	SECRET_KEY=test-only-secret-key DEBUG=0
+	SECRET_KEY=test-only-secret-key DEBUG=0 SECURE_COOKIES=0
 
 .PHONY: help
 help:
@@ -71,7 +71,8 @@ format: venv
 
 .PHONY: test
 test: venv services lint model
-	$(TEST_ENV) $(VENV)/bin/pytest
+	$(TEST_ENV) $(PY) manage.py collectstatic --noinput --verbosity 0
+	$(TEST_ENV) CHATSITE_E2E_REQUIRED=1 $(VENV)/bin/pytest
 
 .PHONY: migrate
 migrate: venv model services $(DATA_DIR)/secret_key

@@ -1,1 +1,1 @@
-"""Billing: plans, quotas, token buckets, usage ledger and statements (ARCHITECTURE.md, steps 2 and 10)."""
+"""Billing: plans, quotas, token buckets, usage ledger and statements (steps 2 and 10)."""

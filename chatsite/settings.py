@@ -180,6 +180,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Conversations, messages and generations of the chat service.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "ENUM_NAME_OVERRIDES": {
+        "MessageStatusEnum": "conversations.models.Message.Status",
+        "GenerationStatusEnum": "inference.models.Generation.Status",
+    },
 }
 
 CELERY_BROKER_URL = os.environ.get("CELERY_BROKER_URL", REDIS_URL)
@@ -217,6 +221,9 @@ SCHEDULER_MAX_QUEUE_SECONDS = env_int("SCHEDULER_MAX_QUEUE_SECONDS", 20)
 SCHEDULER_STALL_SECONDS = env_int("SCHEDULER_STALL_SECONDS", 30)
 SCHEDULER_COALESCE_MS = env_int("SCHEDULER_COALESCE_MS", 50)
 SCHEDULER_HEALTH_INTERVAL_MS = env_int("SCHEDULER_HEALTH_INTERVAL_MS", 1000)
+# How a generation picks its worker: "affinity" (the worker holding the conversation's
+# prefix, unless it is much busier), "least_loaded", or "round_robin" (for comparison).
+SCHEDULER_PLACEMENT = os.environ.get("SCHEDULER_PLACEMENT", "affinity")
 # Affinity yields to least-loaded when the sticky worker carries this many more requests.
 SCHEDULER_AFFINITY_SLACK = env_int("SCHEDULER_AFFINITY_SLACK", 4)
 SCHEDULER_AFFINITY_TTL_SECONDS = env_int("SCHEDULER_AFFINITY_TTL_SECONDS", 3600)
@@ -224,6 +231,11 @@ SCHEDULER_AFFINITY_TTL_SECONDS = env_int("SCHEDULER_AFFINITY_TTL_SECONDS", 3600)
 SCHEDULER_KV_CACHE_HIGH_PERCENT = env_int("SCHEDULER_KV_CACHE_HIGH_PERCENT", 90)
 SCHEDULER_MAX_WAITING_PER_WORKER = env_int("SCHEDULER_MAX_WAITING_PER_WORKER", 2)
 GENERATION_STREAM_TTL_SECONDS = env_int("GENERATION_STREAM_TTL_SECONDS", 3600)
+# Server-Sent Events: heartbeat comments while idle, client retry delay, and how long a
+# generation whose watchers all left after its first token waits for one to come back.
+STREAM_HEARTBEAT_SECONDS = env_int("STREAM_HEARTBEAT_SECONDS", 15)
+STREAM_RETRY_MS = env_int("STREAM_RETRY_MS", 3000)
+STREAM_GRACE_SECONDS = env_int("STREAM_GRACE_SECONDS", 30)
 GENERATION_MAX_ATTEMPTS = env_int("GENERATION_MAX_ATTEMPTS", 2)
 # Where `prepare_model` puts the served model; the web tier reads only its tokenizer.json.
 MODEL_DIR = Path(os.environ.get("MODEL_DIR", DATA_DIR / "models" / "smollm2-135m-instruct"))

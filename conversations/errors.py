@@ -15,4 +15,8 @@ class ErrorCode(enum.StrEnum):
     GENERATION_IN_PROGRESS = "generation_in_progress"
     UNKNOWN_MODEL = "unknown_model"
     SYSTEM_PROMPT_TOO_LONG = "system_prompt_too_long"
+    EMPTY_TITLE = "empty_title"
+    TITLE_TOO_LONG = "title_too_long"
     INVALID_CURSOR = "invalid_cursor"
+    TOKENIZER_MISSING = "tokenizer_missing"
+    CONTEXT_TOO_LONG = "context_too_long"

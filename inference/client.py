@@ -166,7 +166,9 @@ def _parse_chunk(payload: str) -> Chunk:
     except WorkerFault:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
-        raise WorkerFault("bad_response", f"unreadable chunk from the worker: {payload[:200]!r}") from exc
+        raise WorkerFault(
+            "bad_response", f"unreadable chunk from the worker: {payload[:200]!r}"
+        ) from exc
 
 
 def get_client() -> OpenAICompatibleClient:

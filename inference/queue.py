@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from redis import Redis
@@ -65,7 +65,8 @@ def cancel_channel() -> str:
 
 
 def tiers_best_first() -> list[str]:
-    return sorted(settings.INFERENCE_TIER_PRIORITY, key=settings.INFERENCE_TIER_PRIORITY.get)
+    priorities: dict[str, int] = settings.INFERENCE_TIER_PRIORITY
+    return sorted(priorities, key=lambda tier: priorities[tier])
 
 
 def now_ms() -> int:
@@ -117,6 +118,15 @@ for _, id in ipairs(ids) do
   redis.call('ZREM', KEYS[1], id)
 end
 return ids
+"""
+
+
+# Note a field on a job only while the job exists: a late writer must not resurrect it.
+HSET_IF_EXISTS = """
+if redis.call('EXISTS', KEYS[1]) == 1 then
+  return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+end
+return -1
 """
 
 
@@ -194,7 +204,7 @@ def unqueue(redis: Redis, *, pool: str, tier: str, generation_id: str) -> bool:
 
 def request_cancel(redis: Redis, generation_id: str) -> None:
     """Ask whichever scheduler runs `generation_id` to stop it now."""
-    redis.hset(job_key(generation_id), "cancel", "1")
+    redis.eval(HSET_IF_EXISTS, 1, job_key(generation_id), "cancel", "1")
     redis.publish(cancel_channel(), generation_id)
 
 
@@ -216,6 +226,6 @@ def queue_position(redis: Redis, *, pool: str, tier: str, generation_id: str) ->
             rank = redis.zrank(queue_key(pool, tier), generation_id)
             if rank is None:
                 return None
-            return ahead + int(rank) + 1
+            return ahead + int(cast(int, rank)) + 1
         ahead += int(redis.zcard(queue_key(pool, other)))
     return None

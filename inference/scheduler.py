@@ -106,7 +106,9 @@ class Scheduler:
         client: OpenAICompatibleClient | None = None,
         health_interval: float | None = None,
     ) -> None:
-        self.replica_id = replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.replica_id = (
+            replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
         self.client = client or get_client()
         self.redis = queue.async_redis()
         self.health_interval = (
@@ -130,7 +132,9 @@ class Scheduler:
         await self.heartbeat()
         await self.check_workers()
         loops = [
-            asyncio.create_task(self._loop(self.check_workers, self.health_interval), name="health"),
+            asyncio.create_task(
+                self._loop(self.check_workers, self.health_interval), name="health"
+            ),
             asyncio.create_task(self.dispatch_loop(), name="dispatch"),
             asyncio.create_task(self.listen_loop(), name="listen"),
             asyncio.create_task(self._loop(self.housekeeping, 1.0), name="housekeeping"),
@@ -250,10 +254,21 @@ class Scheduler:
         """Candidates in order of preference: the conversation's worker first if it is not
         loaded well beyond the least-loaded one, then by load."""
         by_load = sorted(candidates, key=lambda v: (v.busy, v.id))
+        policy = settings.SCHEDULER_PLACEMENT
+        if policy == "round_robin":
+            turn = await self.redis.incr(queue.key("rr", job.pool))
+            ring = sorted(candidates, key=lambda v: v.id)
+            start = turn % len(ring)
+            return ring[start:] + ring[:start]
+        if policy == "least_loaded":
+            return by_load
         sticky_id = await self.redis.get(queue.affinity_key(job.conversation_id))
         if sticky_id is not None:
             sticky = next((v for v in by_load if str(v.id) == sticky_id), None)
-            if sticky is not None and sticky.busy <= by_load[0].busy + settings.SCHEDULER_AFFINITY_SLACK:
+            if (
+                sticky is not None
+                and sticky.busy <= by_load[0].busy + settings.SCHEDULER_AFFINITY_SLACK
+            ):
                 return [sticky, *(v for v in by_load if v is not sticky)]
         return by_load
 
@@ -313,7 +328,7 @@ class Scheduler:
                 continue
             generation_id, queue_name = claimed
             fields = await self.redis.hgetall(queue.job_key(generation_id))
-            job = queue.Job.from_fields(fields)
+            job = queue.Job.from_fields({str(k): str(v) for k, v in fields.items()})
             for view in await self.place(job, candidates):
                 if await self.acquire_lease(view, generation_id):
                     run = Run(job=job, worker=view, tried={view.id})
@@ -349,9 +364,7 @@ class Scheduler:
                         )
                         return
                 else:
-                    await self._finish(
-                        run, Generation.Status.COMPLETE, run.finish_reason or "stop"
-                    )
+                    await self._finish(run, Generation.Status.COMPLETE, run.finish_reason or "stop")
                     return
         except asyncio.CancelledError:
             await asyncio.shield(self._finish(run, Generation.Status.CANCELLED, "cancelled"))
@@ -410,6 +423,13 @@ class Scheduler:
                 run.pending += chunk.text
                 if not run.first_token_seen:
                     run.first_token_seen = True
+                    await self.redis.eval(
+                        queue.HSET_IF_EXISTS,
+                        1,
+                        queue.job_key(job.generation_id),
+                        "first_token_ms",
+                        queue.now_ms(),
+                    )
                     self._spawn(
                         sync_to_async(services.generation_mark_first_token)(
                             generation_id=job.generation_id
@@ -423,7 +443,9 @@ class Scheduler:
                     await self._flush(run)
                     last_flush = now
                 elif flusher is None or flusher.done():
-                    flusher = asyncio.create_task(self._flush_later(run, coalesce - (now - last_flush)))
+                    flusher = asyncio.create_task(
+                        self._flush_later(run, coalesce - (now - last_flush))
+                    )
         finally:
             if flusher is not None:
                 flusher.cancel()
@@ -462,7 +484,12 @@ class Scheduler:
         return False
 
     async def _finish(
-        self, run: Run, status: str, finish_reason: str, error_code: str = "", error_message: str = ""
+        self,
+        run: Run,
+        status: str,
+        finish_reason: str,
+        error_code: str = "",
+        error_message: str = "",
     ) -> None:
         await self._flush(run)
         usage = run.usage or {}
@@ -521,6 +548,7 @@ class Scheduler:
         expiry = queue.now_ms() + queue.LEASE_SECONDS * 1000
         for generation_id, worker_id in list(self.leases.items()):
             await self.redis.zadd(queue.lease_key(worker_id), {generation_id: expiry}, xx=True)
+        await self.cancel_abandoned()
         # One replica at a time does the pool-wide chores.
         if not await self.redis.set(queue.key("housekeeping"), self.replica_id, nx=True, px=900):
             return
@@ -530,6 +558,18 @@ class Scheduler:
         if loop.time() - self._last_sweep >= SWEEP_EVERY_SECONDS:
             self._last_sweep = loop.time()
             await self.sweep()
+
+    async def cancel_abandoned(self) -> None:
+        """Cancel running generations whose watchers all left and stayed away past the grace."""
+        cutoff = queue.now_ms() - settings.STREAM_GRACE_SECONDS * 1000
+        for generation_id, task in list(self.running.items()):
+            detached = await self.redis.hget(queue.job_key(generation_id), "detached_ms")
+            if detached is None or int(detached) > cutoff:
+                continue
+            watchers = await self.redis.get(queue.key("watchers", generation_id))
+            if int(watchers or 0) <= 0:
+                logger.info("generation %s abandoned by its watchers; cancelling", generation_id)
+                task.cancel()
 
     async def reject_overdue(self) -> None:
         deadline = queue.now_ms() - settings.SCHEDULER_MAX_QUEUE_SECONDS * 1000
@@ -557,7 +597,8 @@ class Scheduler:
             high_demand = not await self.candidates(pool)
             position = 0
             for tier in queue.tiers_best_first():
-                for generation_id in await self.redis.zrange(queue.queue_key(pool, tier), 0, 499):
+                members = await self.redis.zrange(queue.queue_key(pool, tier), 0, 499)
+                for generation_id in map(str, members):
                     position += 1
                     job = queue.job_key(generation_id)
                     marker = f"{position}:{int(high_demand)}"

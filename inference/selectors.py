@@ -16,11 +16,19 @@ from .models import Generation, ModelPool, Worker
 def generation_for_user(*, user: User, generation_id: Any) -> Generation:
     """The generation if `user` started it; NotFound otherwise, as for one that never existed."""
     generation = (
-        Generation.objects.select_related("pool", "message").filter(pk=generation_id, user=user).first()
+        Generation.objects.select_related("pool", "message")
+        .filter(pk=generation_id, user=user)
+        .first()
     )
     if generation is None:
         raise NotFound("Generation not found.")
     return generation
+
+
+def generation_ids_for_messages(*, message_ids: list[Any]) -> dict[Any, Any]:
+    """Assistant message id -> id of its generation, in one query."""
+    rows = Generation.objects.filter(message_id__in=message_ids).values_list("message_id", "id")
+    return dict(rows)
 
 
 def pools_for_tier(*, tier: str) -> list[ModelPool]:
@@ -35,6 +43,6 @@ def worker_live_load(*, worker_id: int) -> dict[str, float]:
     """The worker's last load reading and in-flight count, as the schedulers see them."""
     redis = queue.sync_redis()
     reading = redis.hgetall(queue.metrics_key(worker_id))
-    load = {name: float(value) for name, value in reading.items()}
+    load = {str(name): float(value) for name, value in reading.items()}
     load["in_flight"] = float(redis.zcount(queue.lease_key(worker_id), queue.now_ms(), "+inf"))
     return load

@@ -148,6 +148,17 @@ def generation_cancel(*, generation: Generation) -> Generation:
     return generation
 
 
+def generations_abandon(*, generations: list[Generation]) -> None:
+    """Stop generations whose rows are gone (their conversation was deleted) and drop their
+    streams: out of the queue, or their worker request closed by the scheduler."""
+    redis = queue.sync_redis()
+    for generation in generations:
+        gid = str(generation.id)
+        queue.unqueue(redis, pool=generation.pool.name, tier=generation.tier, generation_id=gid)
+        queue.request_cancel(redis, gid)
+        redis.delete(queue.stream_key(gid))
+
+
 _MESSAGE_STATUS = {
     Generation.Status.COMPLETE: Message.Status.COMPLETE,
     Generation.Status.CANCELLED: Message.Status.CANCELLED,
@@ -179,6 +190,10 @@ def generation_finish(
             .first()
         )
         if generation is None:
+            if not Generation.objects.filter(pk=generation_id).exists():
+                # Its conversation was deleted meanwhile: leave nothing behind in Redis.
+                redis = queue.sync_redis()
+                redis.delete(queue.stream_key(generation_id), queue.job_key(generation_id))
             return False
         if output_tokens is None and text:
             # The worker never reported usage (cancelled, failed): count what it produced.

@@ -1,1 +1,1 @@
-"""Plugins: third-party tools called inside a generation (ARCHITECTURE.md, "Tools inside a generation")."""
+"""Plugins: third-party tools that the model calls inside a generation."""

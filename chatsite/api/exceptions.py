@@ -58,11 +58,13 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         if isinstance(exc.detail, dict) and len(exc.detail) == 1:
             errors = next(iter(exc.get_codes().values()))  # type: ignore[union-attr]
             if isinstance(errors, list) and errors and isinstance(errors[0], str):
-                code = {"required": "missing_field", "null": "missing_field"}.get(
-                    errors[0], errors[0]
-                )
-                if code in {"invalid", "blank", "max_length", "min_length"}:
-                    code = f"invalid_{next(iter(exc.detail))}"
+                field = next(iter(exc.detail))
+                if errors[0] in {"required", "null"}:
+                    code = "missing_field"
+                elif field == "non_field_errors":
+                    code = errors[0]
+                else:
+                    code = f"invalid_{field}"
     else:
         raw_code = exc.get_codes()
         code = _DRF_CODES.get(raw_code if isinstance(raw_code, str) else "", "error")

@@ -1,12 +1,17 @@
 from django.urls import path
 
-from . import views
+from . import stream, views
 
 urlpatterns = [
     path(
         "generations/<uuid:generation_id>",
         views.GenerationDetailView.as_view(),
         name="generation-detail",
+    ),
+    path(
+        "generations/<uuid:generation_id>/stream",
+        stream.generation_stream,
+        name="generation-stream",
     ),
     path(
         "generations/<uuid:generation_id>/cancel",

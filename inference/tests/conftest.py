@@ -81,21 +81,22 @@ async def running_schedulers(count: int = 1, **kwargs: Any) -> AsyncIterator[lis
 
 
 async def wait_for(
-    condition: Callable[[], Awaitable[bool]], *, timeout: float = 15.0, every: float = 0.05
+    condition: Callable[[], Awaitable[bool]], *, within: float = 15.0, every: float = 0.05
 ) -> None:
-    deadline = asyncio.get_running_loop().time() + timeout
-    while not await condition():
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError("condition not met in time")
-        await asyncio.sleep(every)
+    """Poll `condition` until it holds; fail the test if it does not within `within` s."""
+    try:
+        async with asyncio.timeout(within):
+            while not await condition():  # noqa: ASYNC110 (the condition lives in other processes)
+                await asyncio.sleep(every)
+    except TimeoutError:
+        raise AssertionError(f"condition not met within {within} s") from None
 
 
 def stream_events(generation_id: Any) -> list[tuple[str, dict[str, Any]]]:
-    redis = queue.sync_redis()
-    return [
-        (fields["event"], json.loads(fields["data"]))
-        for _, fields in redis.xrange(queue.stream_key(generation_id))
-    ]
+    entries: list[tuple[str, dict[str, str]]] = queue.sync_redis().xrange(  # type: ignore[assignment]
+        queue.stream_key(generation_id)
+    )
+    return [(fields["event"], json.loads(fields["data"])) for _, fields in entries]
 
 
 async def generation_status(generation_id: Any) -> str:
@@ -127,7 +128,10 @@ class RealWorker:
 
 
 def _start_real_workers(count: int, log_dir: Path) -> list[RealWorker]:
-    if not Path(settings.WORKER_PYTHON).exists() or not (settings.MODEL_DIR / "config.json").exists():
+    if (
+        not Path(settings.WORKER_PYTHON).exists()
+        or not (settings.MODEL_DIR / "config.json").exists()
+    ):
         message = "the vLLM worker venv or the prepared model is missing (make worker-venv model)"
         if os.environ.get("CHATSITE_E2E_REQUIRED"):
             pytest.fail(message)
@@ -173,3 +177,56 @@ def real_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Real
         except subprocess.TimeoutExpired:
             os.killpg(worker.process.pid, signal.SIGKILL)
             worker.process.wait()
+
+
+@dataclass
+class LiveEdge:
+    """A real Daphne process serving the project against the test database."""
+
+    url: str
+    process: subprocess.Popen[bytes]
+
+
+@pytest.fixture(scope="session")
+def live_edge(
+    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveEdge]:
+    port = _free_port()
+    database = settings.DATABASES["default"]
+    env = {
+        **os.environ,
+        "DATABASE_URL": (
+            f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
+        ),
+        "REDIS_URL": settings.REDIS_URL,
+        "STREAM_HEARTBEAT_SECONDS": "1",
+        "DEBUG": "0",
+    }
+    log = tmp_path_factory.mktemp("edge") / "daphne.log"
+    process = subprocess.Popen(  # noqa: S603 (our own command line)
+        [
+            str(Path(sys.executable).parent / "daphne"),
+            "-b",
+            "127.0.0.1",
+            "-p",
+            str(port),
+            "chatsite.asgi:application",
+        ],
+        cwd=settings.BASE_DIR,
+        env=env,
+        stdout=log.open("wb"),
+        stderr=subprocess.STDOUT,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            httpx.get(f"{url}/accounts/login/", timeout=1)
+            break
+        except httpx.HTTPError:
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"daphne did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.2)
+    yield LiveEdge(url=url, process=process)
+    process.terminate()
+    process.wait(timeout=10)

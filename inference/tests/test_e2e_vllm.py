@@ -62,7 +62,7 @@ async def test_a_sent_message_gets_a_real_answer(
     await register(real_workers)
     turn = await send(user, "When does the bakery open?")
     async with running_schedulers():
-        await wait_for(lambda: finished(turn.generation.id), timeout=120)
+        await wait_for(lambda: finished(turn.generation.id), within=120)
 
     generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
     message = generation.message
@@ -84,14 +84,15 @@ async def test_turns_of_a_conversation_stay_on_one_worker_and_hit_its_cache(
     await register(real_workers)
     first = await send(user, "What breads do you sell?")
     async with running_schedulers():
-        await wait_for(lambda: finished(first.generation.id), timeout=120)
+        await wait_for(lambda: finished(first.generation.id), within=120)
         worker_id = (await Generation.objects.aget(pk=first.generation.id)).worker_id
+        assert worker_id is not None
         url = (await Worker.objects.aget(pk=worker_id)).url
         worker = next(w for w in real_workers if w.url == url)
         before = await sync_to_async(worker.metrics)()
 
         second = await send(user, "And are you open on Monday?", first.conversation)
-        await wait_for(lambda: finished(second.generation.id), timeout=120)
+        await wait_for(lambda: finished(second.generation.id), within=120)
         after = await sync_to_async(worker.metrics)()
 
     second_generation = await Generation.objects.aget(pk=second.generation.id)
@@ -113,7 +114,7 @@ async def test_cancel_stops_the_request_inside_vllm(
             events = await sync_to_async(stream_events)(turn.generation.id)
             return any(name == "delta" for name, _ in events)
 
-        await wait_for(streaming, timeout=120)
+        await wait_for(streaming, within=120)
         generation = await Generation.objects.select_related("worker").aget(pk=turn.generation.id)
         assert generation.worker is not None
         worker = next(w for w in real_workers if w.url == generation.worker.url)
@@ -124,8 +125,10 @@ async def test_cancel_stops_the_request_inside_vllm(
         async def stopped_in_vllm() -> bool:
             return (await sync_to_async(worker.metrics)()).running == 0
 
-        await wait_for(stopped_in_vllm, timeout=10, every=0.2)
-        await wait_for(lambda: finished(turn.generation.id), timeout=10)
+        # vLLM aborts on the closed connection at its next engine step; on a loaded 2-core
+        # machine with several engines that step can take seconds.
+        await wait_for(stopped_in_vllm, within=30, every=0.2)
+        await wait_for(lambda: finished(turn.generation.id), within=10)
 
     generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
     assert generation.status == Generation.Status.CANCELLED

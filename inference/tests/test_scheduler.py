@@ -30,7 +30,9 @@ from .conftest import (
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _send(user: User, content: str = "Hello there", conversation: Conversation | None = None) -> Turn:
+def _send(
+    user: User, content: str = "Hello there", conversation: Conversation | None = None
+) -> Turn:
     conversation = conversation or conversation_create(owner=user)
     return turn_send(user=user, conversation=conversation, content=content)
 
@@ -152,7 +154,7 @@ async def test_hung_worker_is_detected_and_generation_fails(
     await sync_to_async(register_pool)(fake)
     turn = await send(user)
     async with running_schedulers():
-        await wait_for(lambda: finished(turn.generation.id), timeout=10)
+        await wait_for(lambda: finished(turn.generation.id), within=10)
     generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
     assert generation.status == Generation.Status.FAILED
     assert generation.error_code == "worker_stalled"
@@ -186,12 +188,12 @@ async def test_cancel_of_a_running_generation_closes_the_worker_request(
 
         await wait_for(streaming)
         await sync_to_async(services.generation_cancel)(generation=turn.generation)
-        await wait_for(lambda: finished(turn.generation.id), timeout=5)
+        await wait_for(lambda: finished(turn.generation.id), within=5)
 
         async def worker_aborted() -> bool:
             return fake.aborted == 1 and fake.running == 0
 
-        await wait_for(worker_aborted, timeout=5)
+        await wait_for(worker_aborted, within=5)
 
     generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
     assert generation.status == Generation.Status.CANCELLED
@@ -205,7 +207,7 @@ async def test_generation_waiting_too_long_is_rejected(user: User, settings: Any
     await sync_to_async(register_pool)()  # no worker at all
     turn = await send(user)
     async with running_schedulers():
-        await wait_for(lambda: finished(turn.generation.id), timeout=10)
+        await wait_for(lambda: finished(turn.generation.id), within=10)
     assert await generation_status(turn.generation.id) == Generation.Status.REJECTED
     events = await sync_to_async(stream_events)(turn.generation.id)
     names = [n for n, _ in events]
@@ -251,7 +253,7 @@ async def test_two_replicas_serve_every_generation_exactly_once(
         async def all_finished() -> bool:
             return all([await finished(t.generation.id) for t in turns])
 
-        await wait_for(all_finished, timeout=30)
+        await wait_for(all_finished, within=30)
     served = fakes[0].served() + fakes[1].served()
     assert sorted(served) == sorted(str(t.generation.id) for t in turns)
     assert set(served.values()) == {1}

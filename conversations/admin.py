@@ -1,0 +1,101 @@
+"""The staff console for conversations: read-mostly.
+
+Staff look at conversations; they do not rewrite history. Every field is read-only, nothing
+is added here, and the only write is deleting a whole conversation, through the service, so
+that the tombstone stays and no tree is left half-cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, TypeVar
+
+from django.contrib import admin
+from django.db.models import Model, QuerySet
+from django.http import HttpRequest
+from django.urls import reverse
+from django.utils.html import format_html
+from django.utils.safestring import SafeString
+
+from .models import Conversation, Message
+from .services import conversation_delete
+
+_M = TypeVar("_M", bound=Model)
+
+
+class ReadOnlyAdmin(admin.ModelAdmin[_M]):
+    """Shows every field read-only and allows neither adding nor changing."""
+
+    show_full_result_count = False
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [field.name for field in self.model._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False
+
+
+@admin.register(Conversation)
+class ConversationAdmin(ReadOnlyAdmin[Conversation]):
+    list_display = ["__str__", "owner", "model", "source", "last_activity_at", "deleted_at"]
+    list_filter = ["source", "model", ("deleted_at", admin.EmptyFieldListFilter)]
+    search_fields = ["owner__username", "owner__email", "title"]
+    list_select_related = ["owner"]
+    date_hierarchy = "last_activity_at"
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Any = None) -> list[str]:
+        return [*super().get_readonly_fields(request, obj), "messages_link"]
+
+    @admin.display(description="Messages")
+    def messages_link(self, conversation: Conversation) -> SafeString:
+        url = reverse("admin:conversations_message_changelist")
+        return format_html(
+            '<a href="{}?conversation__id__exact={}">{} messages</a>',
+            url,
+            conversation.pk,
+            conversation.messages.count(),
+        )
+
+    def get_deleted_objects(
+        self, objs: Sequence[Conversation] | QuerySet[Conversation], request: HttpRequest
+    ) -> tuple[list[Any], dict[str, int], set[str], list[Any]]:
+        deleted, counts, perms_needed, protected = super().get_deleted_objects(objs, request)
+        # Messages cannot be deleted one by one, but they go with their conversation.
+        perms_needed.discard(str(Message._meta.verbose_name))
+        return deleted, counts, perms_needed, protected
+
+    def delete_model(self, request: HttpRequest, obj: Conversation) -> None:
+        conversation_delete(conversation=obj)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:
+        for conversation in queryset:
+            conversation_delete(conversation=conversation)
+
+
+@admin.register(Message)
+class MessageAdmin(ReadOnlyAdmin[Message]):
+    list_display = ["__str__", "role", "status", "model", "conversation_link", "created_at"]
+    list_filter = ["role", "status", "conversation__source"]
+    search_fields = [
+        "content",
+        "conversation__title",
+        "conversation__owner__username",
+        "conversation__owner__email",
+    ]
+    list_select_related = ["conversation", "conversation__owner"]
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        # A message cut out of its tree would orphan its branch; conversations go whole.
+        return False
+
+    @admin.display(description="Conversation")
+    def conversation_link(self, message: Message) -> SafeString:
+        url = reverse("admin:conversations_conversation_change", args=[message.conversation_id])
+        return format_html('<a href="{}">{}</a>', url, message.conversation)
+
+    def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
+        # The conversation page links here filtered by conversation.
+        return lookup == "conversation__id__exact" or super().lookup_allowed(lookup, value, request)

@@ -1,0 +1,203 @@
+"""Shapes of conversations and messages on the JSON API, and of the bodies it accepts.
+
+Input serializers only check types and presence; the rules (empty, too long, which parent)
+belong to the services, so every client gets the same answer.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from drf_spectacular.utils import extend_schema_field
+from rest_framework import serializers
+
+from conversations.models import Conversation, Message
+from conversations.selectors import SIDEBAR_MAX_LIMIT, SiblingPosition
+
+
+class StrictCharField(serializers.CharField):
+    """A CharField that refuses numbers and booleans instead of turning them into text."""
+
+    def to_internal_value(self, data: Any) -> str:
+        if not isinstance(data, str):
+            self.fail("invalid")
+        return super().to_internal_value(data)
+
+
+class StrictUUIDField(serializers.UUIDField):
+    """A UUIDField that takes only the text form, not integers."""
+
+    def to_internal_value(self, data: Any) -> uuid.UUID:
+        if not isinstance(data, str):
+            self.fail("invalid", value=data)
+        return super().to_internal_value(data)
+
+
+class MessageSerializer(serializers.ModelSerializer[Message]):
+    conversation_id = serializers.UUIDField(read_only=True)
+    parent_id = serializers.UUIDField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = Message
+        fields = [
+            "id",
+            "conversation_id",
+            "parent_id",
+            "role",
+            "content",
+            "status",
+            "model",
+            "prompt_tokens",
+            "output_tokens",
+            "created_at",
+            "updated_at",
+        ]
+        read_only_fields = fields
+
+
+class BranchMessageSerializer(MessageSerializer):
+    """A message on the active branch with its place among its siblings (`< 2/3 >`)."""
+
+    # Reads `positions` from the context: message id -> `SiblingPosition`, and
+    # `generations`: assistant message id -> generation id.
+    sibling_index = serializers.SerializerMethodField(help_text="1-based, oldest first.")
+    sibling_count = serializers.SerializerMethodField()
+    sibling_ids = serializers.SerializerMethodField(help_text="Every sibling, oldest first.")
+    generation_id = serializers.SerializerMethodField(
+        help_text="The generation that produced (or is producing) this answer."
+    )
+
+    class Meta(MessageSerializer.Meta):
+        fields = [
+            *MessageSerializer.Meta.fields,
+            "sibling_index",
+            "sibling_count",
+            "sibling_ids",
+            "generation_id",
+        ]
+        read_only_fields = fields
+
+    def get_generation_id(self, message: Message) -> str | None:
+        generation_id = self.context.get("generations", {}).get(message.pk)
+        return str(generation_id) if generation_id else None
+
+    def _position(self, message: Message) -> SiblingPosition:
+        position: SiblingPosition = self.context["positions"][message.pk]
+        return position
+
+    def get_sibling_index(self, message: Message) -> int:
+        return self._position(message).index
+
+    def get_sibling_count(self, message: Message) -> int:
+        return self._position(message).count
+
+    @extend_schema_field(serializers.ListField(child=serializers.UUIDField()))
+    def get_sibling_ids(self, message: Message) -> list[uuid.UUID]:
+        return list(self._position(message).sibling_ids)
+
+
+class ConversationSerializer(serializers.ModelSerializer[Conversation]):
+    current_leaf_id = serializers.UUIDField(read_only=True, allow_null=True)
+
+    class Meta:
+        model = Conversation
+        fields = [
+            "id",
+            "title",
+            "title_set_by_user",
+            "model",
+            "system_prompt",
+            "source",
+            "current_leaf_id",
+            "created_at",
+            "updated_at",
+            "last_activity_at",
+        ]
+        read_only_fields = fields
+
+
+class ConversationDetailSerializer(ConversationSerializer):
+    """A conversation with its active branch, root first."""
+
+    # Reads `branch` (messages, root first) and `positions` (aligned) from the context.
+    messages = serializers.SerializerMethodField()
+
+    class Meta(ConversationSerializer.Meta):
+        fields = [*ConversationSerializer.Meta.fields, "messages"]
+        read_only_fields = fields
+
+    @extend_schema_field(BranchMessageSerializer(many=True))
+    def get_messages(self, conversation: Conversation) -> Any:
+        branch: list[Message] = self.context["branch"]
+        positions = dict(zip([m.pk for m in branch], self.context["positions"], strict=True))
+        context = {"positions": positions, "generations": self.context.get("generations", {})}
+        return BranchMessageSerializer(branch, many=True, context=context).data
+
+
+class ConversationPageSerializer(serializers.Serializer[Any]):
+    results = ConversationSerializer(many=True)
+    next_cursor = serializers.CharField(allow_null=True, help_text="Pass as ?cursor= for more.")
+
+
+class SidebarQuerySerializer(serializers.Serializer[Any]):
+    q = serializers.CharField(required=False, allow_blank=True, help_text="Title search.")
+    cursor = serializers.CharField(required=False, allow_blank=True)
+    limit = serializers.IntegerField(
+        required=False, default=20, help_text=f"Page size, 1 to {SIDEBAR_MAX_LIMIT}."
+    )
+
+
+class ConversationCreateSerializer(serializers.Serializer[Any]):
+    model = StrictCharField(required=False, help_text="Defaults to the site's default model.")
+    system_prompt = StrictCharField(
+        required=False, allow_blank=True, trim_whitespace=False, default=""
+    )
+    title = StrictCharField(required=False, allow_blank=True, default="")
+
+
+class ConversationUpdateSerializer(serializers.Serializer[Any]):
+    title = StrictCharField(allow_blank=True)
+
+
+class MessageCreateSerializer(serializers.Serializer[Any]):
+    content = StrictCharField(allow_blank=True, trim_whitespace=False)
+    parent_id = StrictUUIDField(
+        required=False, allow_null=True, help_text="Defaults to the current leaf."
+    )
+
+
+class MessageEditSerializer(serializers.Serializer[Any]):
+    content = StrictCharField(allow_blank=True, trim_whitespace=False)
+
+
+class BranchSwitchSerializer(serializers.Serializer[Any]):
+    message_id = StrictUUIDField(help_text="The sibling to show.")
+
+
+class TurnGenerationSerializer(serializers.Serializer[Any]):
+    id = serializers.UUIDField()
+    status = serializers.CharField()
+    stream_url = serializers.CharField(help_text="Server-Sent Events of the answer.")
+    cancel_url = serializers.CharField()
+
+
+class TurnSerializer(serializers.Serializer[Any]):
+    """A new user message, the placeholder of its answer, and the generation producing it."""
+
+    user_message = MessageSerializer(allow_null=True, help_text="Null for a regeneration.")
+    assistant_message = MessageSerializer(help_text="Queued; its text arrives by generation.")
+    current_leaf_id = serializers.UUIDField()
+    generation = TurnGenerationSerializer()
+
+
+class ErrorDetailSerializer(serializers.Serializer[Any]):
+    code = serializers.CharField()
+    message = serializers.CharField()
+    detail = serializers.JSONField(allow_null=True)
+
+
+class ErrorSerializer(serializers.Serializer[Any]):
+    """Every error the API answers: `{"error": {"code", "message", "detail"}}`."""
+
+    error = ErrorDetailSerializer()

@@ -1,0 +1,268 @@
+"""Conversations and messages over the JSON API: thin views over services and selectors.
+
+Every view fetches through a `*_for_user` selector first, so another user's conversation or
+message is 404 on every method, before the body is even read.
+"""
+
+from __future__ import annotations
+
+import uuid
+from typing import Any
+
+from drf_spectacular.utils import OpenApiResponse, extend_schema
+from rest_framework import status
+from rest_framework.request import Request
+from rest_framework.response import Response
+from rest_framework.views import APIView
+
+from accounts.models import ApiKey
+from chatsite.auth import request_user
+from conversations import selectors, services, turns
+from conversations.models import Conversation
+from inference.selectors import generation_ids_for_messages
+
+from .serializers import (
+    BranchSwitchSerializer,
+    ConversationCreateSerializer,
+    ConversationDetailSerializer,
+    ConversationPageSerializer,
+    ConversationSerializer,
+    ConversationUpdateSerializer,
+    ErrorSerializer,
+    MessageCreateSerializer,
+    MessageEditSerializer,
+    MessageSerializer,
+    SidebarQuerySerializer,
+    TurnSerializer,
+)
+
+TAGS = ["conversations"]
+
+
+def _errors(*statuses: int) -> dict[int, OpenApiResponse]:
+    return {code: OpenApiResponse(ErrorSerializer) for code in statuses}
+
+
+def _detail(conversation: Conversation) -> dict[str, Any]:
+    branch = selectors.active_branch(conversation=conversation)
+    positions = selectors.sibling_positions(branch=branch)
+    generations = generation_ids_for_messages(
+        message_ids=[m.pk for m in branch if m.role == m.Role.ASSISTANT]
+    )
+    serializer = ConversationDetailSerializer(
+        conversation,
+        context={"branch": branch, "positions": positions, "generations": generations},
+    )
+    return dict(serializer.data)
+
+
+def _turn(turn: turns.Turn) -> Response:
+    generation_id = turn.generation.id
+    body = {
+        "user_message": MessageSerializer(turn.user_message).data if turn.user_message else None,
+        "assistant_message": MessageSerializer(turn.assistant_message).data,
+        "current_leaf_id": turn.conversation.current_leaf_id,
+        "generation": {
+            "id": generation_id,
+            "status": turn.generation.status,
+            "stream_url": f"/api/v1/generations/{generation_id}/stream",
+            "cancel_url": f"/api/v1/generations/{generation_id}/cancel",
+        },
+    }
+    return Response(body, status=status.HTTP_201_CREATED)
+
+
+class ConversationListView(APIView):
+    @extend_schema(
+        tags=TAGS,
+        operation_id="conversations_list",
+        summary="The sidebar: newest activity first",
+        parameters=[SidebarQuerySerializer],
+        responses={200: ConversationPageSerializer, **_errors(400)},
+    )
+    def get(self, request: Request) -> Response:
+        params = SidebarQuerySerializer(data=request.query_params)
+        params.is_valid(raise_exception=True)
+        page = selectors.conversation_sidebar(
+            user=request.user,
+            query=params.validated_data.get("q", ""),
+            cursor=params.validated_data.get("cursor") or None,
+            limit=params.validated_data["limit"],
+        )
+        return Response(
+            {
+                "results": ConversationSerializer(page.conversations, many=True).data,
+                "next_cursor": page.next_cursor,
+            }
+        )
+
+    @extend_schema(
+        tags=TAGS,
+        operation_id="conversations_create",
+        summary="Start a conversation",
+        request=ConversationCreateSerializer,
+        responses={201: ConversationDetailSerializer, **_errors(400, 413)},
+    )
+    def post(self, request: Request) -> Response:
+        form = ConversationCreateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        source = (
+            Conversation.Source.API if isinstance(request.auth, ApiKey) else Conversation.Source.WEB
+        )
+        conversation = turns.conversation_start(
+            user=request_user(request), source=source, **form.validated_data
+        )
+        return Response(_detail(conversation), status=status.HTTP_201_CREATED)
+
+
+class ConversationDetailView(APIView):
+    @extend_schema(
+        tags=TAGS,
+        operation_id="conversations_retrieve",
+        summary="A conversation with its active branch",
+        responses={200: ConversationDetailSerializer, **_errors(404)},
+    )
+    def get(self, request: Request, conversation_id: uuid.UUID) -> Response:
+        conversation = selectors.conversation_for_user(
+            user=request.user, conversation_id=conversation_id
+        )
+        return Response(_detail(conversation))
+
+    @extend_schema(
+        tags=TAGS,
+        operation_id="conversations_rename",
+        summary="Rename a conversation",
+        request=ConversationUpdateSerializer,
+        responses={200: ConversationSerializer, **_errors(400, 404)},
+    )
+    def patch(self, request: Request, conversation_id: uuid.UUID) -> Response:
+        conversation = selectors.conversation_for_user(
+            user=request.user, conversation_id=conversation_id
+        )
+        form = ConversationUpdateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        conversation = services.conversation_rename(
+            conversation=conversation, title=form.validated_data["title"]
+        )
+        return Response(ConversationSerializer(conversation).data)
+
+    @extend_schema(
+        tags=TAGS,
+        operation_id="conversations_delete",
+        summary="Delete a conversation and all its messages",
+        responses={204: None, **_errors(404)},
+    )
+    def delete(self, request: Request, conversation_id: uuid.UUID) -> Response:
+        conversation = selectors.conversation_for_user(
+            user=request.user, conversation_id=conversation_id
+        )
+        turns.conversation_remove(conversation=conversation)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+
+class MessageListView(APIView):
+    @extend_schema(
+        tags=TAGS,
+        operation_id="messages_send",
+        summary="Send a message",
+        description="Adds the user message under `parent_id` (default: the current leaf) and "
+        "a queued assistant placeholder, which becomes the current leaf.",
+        request=MessageCreateSerializer,
+        responses={201: TurnSerializer, **_errors(400, 404, 409, 413)},
+    )
+    def post(self, request: Request, conversation_id: uuid.UUID) -> Response:
+        conversation = selectors.conversation_for_user(
+            user=request.user, conversation_id=conversation_id, include_deleted=True
+        )
+        form = MessageCreateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        turn = turns.turn_send(
+            user=request_user(request),
+            conversation=conversation,
+            content=form.validated_data["content"],
+            parent=form.validated_data.get("parent_id"),
+        )
+        return _turn(turn)
+
+
+class MessageDetailView(APIView):
+    @extend_schema(
+        tags=TAGS,
+        operation_id="messages_retrieve",
+        summary="One message",
+        responses={200: MessageSerializer, **_errors(404)},
+    )
+    def get(self, request: Request, conversation_id: uuid.UUID, message_id: uuid.UUID) -> Response:
+        conversation = selectors.conversation_for_user(
+            user=request.user, conversation_id=conversation_id
+        )
+        message = selectors.message_for_user(
+            user=request.user, message_id=message_id, conversation=conversation
+        )
+        return Response(MessageSerializer(message).data)
+
+
+class MessageEditView(APIView):
+    @extend_schema(
+        tags=TAGS,
+        operation_id="messages_edit",
+        summary="Edit a user message (forks a new branch)",
+        request=MessageEditSerializer,
+        responses={201: TurnSerializer, **_errors(400, 404, 409, 413)},
+    )
+    def post(self, request: Request, conversation_id: uuid.UUID, message_id: uuid.UUID) -> Response:
+        conversation = selectors.conversation_for_user(
+            user=request.user, conversation_id=conversation_id, include_deleted=True
+        )
+        message = selectors.message_for_user(
+            user=request.user, message_id=message_id, conversation=conversation
+        )
+        form = MessageEditSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        turn = turns.turn_edit(
+            user=request_user(request), message=message, content=form.validated_data["content"]
+        )
+        return _turn(turn)
+
+
+class MessageRegenerateView(APIView):
+    @extend_schema(
+        tags=TAGS,
+        operation_id="messages_regenerate",
+        summary="Regenerate an answer (adds a sibling)",
+        request=None,
+        responses={201: TurnSerializer, **_errors(400, 404, 409)},
+    )
+    def post(self, request: Request, conversation_id: uuid.UUID, message_id: uuid.UUID) -> Response:
+        conversation = selectors.conversation_for_user(
+            user=request.user, conversation_id=conversation_id, include_deleted=True
+        )
+        message = selectors.message_for_user(
+            user=request.user, message_id=message_id, conversation=conversation
+        )
+        return _turn(turns.turn_regenerate(user=request_user(request), message=message))
+
+
+class BranchSwitchView(APIView):
+    @extend_schema(
+        tags=TAGS,
+        operation_id="conversations_branch_switch",
+        summary="Switch to a sibling's branch",
+        description="Shows the branch through `message_id`, down to the deepest message "
+        "last viewed under it.",
+        request=BranchSwitchSerializer,
+        responses={200: ConversationDetailSerializer, **_errors(400, 404)},
+    )
+    def post(self, request: Request, conversation_id: uuid.UUID) -> Response:
+        conversation = selectors.conversation_for_user(
+            user=request.user, conversation_id=conversation_id
+        )
+        form = BranchSwitchSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        message = selectors.message_for_user(
+            user=request.user,
+            message_id=form.validated_data["message_id"],
+            conversation=conversation,
+        )
+        conversation = services.branch_switch(message=message)
+        return Response(_detail(conversation))

@@ -1,0 +1,177 @@
+"""Reads of conversations that views and other apps share.
+
+Every fetch by id goes through a `*_for_user` function, so one place decides who may see
+what: another user's conversation or message is `NotFound`, exactly like one that never
+existed.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import uuid
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.db import connection
+from django.db.models import Q
+
+from chatsite.errors import NotFound, ServiceError
+
+from .errors import ErrorCode
+from .models import Conversation, Message
+
+SIDEBAR_MAX_LIMIT = 100
+
+
+def conversation_for_user(
+    *, user: Any, conversation_id: uuid.UUID, include_deleted: bool = False
+) -> Conversation:
+    """The conversation if `user` owns it; otherwise NotFound.
+
+    A tombstone is NotFound too unless `include_deleted`: writers ask for it so that the
+    owner hears `conversation_deleted` from the service instead of a puzzling 404.
+    """
+    if not getattr(user, "is_authenticated", False):
+        raise NotFound("Conversation not found.")
+    conversations = Conversation.objects.filter(owner_id=user.pk, pk=conversation_id)
+    if not include_deleted:
+        conversations = conversations.filter(deleted_at__isnull=True)
+    conversation = conversations.first()
+    if conversation is None:
+        raise NotFound("Conversation not found.")
+    return conversation
+
+
+def message_for_user(
+    *, user: Any, message_id: uuid.UUID, conversation: Conversation | None = None
+) -> Message:
+    """The message if `user` owns its conversation (and it lies in `conversation`, if given).
+
+    A tombstone has no messages left; when the caller already holds one (fetched with
+    `include_deleted` to write into it), the answer is `conversation_deleted`, not 404.
+    """
+    if not getattr(user, "is_authenticated", False):
+        raise NotFound("Message not found.")
+    if conversation is not None and conversation.deleted_at is not None:
+        raise ServiceError(ErrorCode.CONVERSATION_DELETED, "This conversation was deleted.")
+    messages = Message.objects.select_related("conversation").filter(
+        pk=message_id, conversation__owner_id=user.pk, conversation__deleted_at__isnull=True
+    )
+    if conversation is not None:
+        messages = messages.filter(conversation_id=conversation.pk)
+    message = messages.first()
+    if message is None:
+        raise NotFound("Message not found.")
+    return message
+
+
+@dataclass(frozen=True)
+class SidebarPage:
+    """One page of the sidebar and the cursor of the next one (None on the last page)."""
+
+    conversations: list[Conversation]
+    next_cursor: str | None
+
+
+def _encode_cursor(conversation: Conversation) -> str:
+    raw = json.dumps([conversation.last_activity_at.isoformat(), str(conversation.pk)])
+    return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
+
+
+def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+    try:
+        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
+        stamp, conversation_id = json.loads(raw)
+        last_activity_at = datetime.fromisoformat(stamp)
+        if last_activity_at.tzinfo is None:
+            raise ValueError("naive datetime")
+        return last_activity_at, uuid.UUID(conversation_id)
+    except (binascii.Error, UnicodeDecodeError, ValueError, TypeError) as exc:
+        raise ServiceError(ErrorCode.INVALID_CURSOR, "The cursor is not valid.") from exc
+
+
+def conversation_sidebar(
+    *, user: Any, query: str = "", cursor: str | None = None, limit: int = 20
+) -> SidebarPage:
+    """The user's live conversations, newest activity first, optionally by title search.
+
+    Keyset pagination on (last_activity_at, id): pages stay free of duplicates and gaps
+    while new messages reorder the list, and each page costs the same however deep it is.
+    """
+    limit = max(1, min(limit, SIDEBAR_MAX_LIMIT))
+    conversations = Conversation.objects.filter(owner_id=user.pk, deleted_at__isnull=True).order_by(
+        "-last_activity_at", "-id"
+    )
+    if query.strip():
+        conversations = conversations.filter(title__icontains=query.strip())
+    if cursor:
+        last_activity_at, last_id = _decode_cursor(cursor)
+        conversations = conversations.filter(
+            Q(last_activity_at__lt=last_activity_at)
+            | Q(last_activity_at=last_activity_at, id__lt=last_id)
+        )
+    rows = list(conversations[: limit + 1])
+    page = rows[:limit]
+    next_cursor = _encode_cursor(page[-1]) if len(rows) > limit else None
+    return SidebarPage(conversations=page, next_cursor=next_cursor)
+
+
+def message_ancestry(*, message_id: uuid.UUID) -> list[Message]:
+    """The message and all its ancestors, root first, in one recursive query."""
+    table = connection.ops.quote_name(Message._meta.db_table)
+    # The table name comes from the model, never from input; the id is a bound parameter.
+    sql = f"""
+        WITH RECURSIVE ancestry (id, parent_id, depth) AS (
+            SELECT id, parent_id, 0 FROM {table} WHERE id = %s
+            UNION ALL
+            SELECT m.id, m.parent_id, ancestry.depth + 1
+            FROM {table} m JOIN ancestry ON m.id = ancestry.parent_id
+        )
+        SELECT m.* FROM {table} m JOIN ancestry ON m.id = ancestry.id
+        ORDER BY ancestry.depth DESC
+    """  # noqa: S608
+    param = Message._meta.pk.get_db_prep_value(message_id, connection)
+    return list(Message.objects.raw(sql, [param]))
+
+
+def active_branch(*, conversation: Conversation) -> list[Message]:
+    """The messages on screen: root to the conversation's current leaf."""
+    if conversation.current_leaf_id is None:
+        return []
+    return message_ancestry(message_id=conversation.current_leaf_id)
+
+
+@dataclass(frozen=True)
+class SiblingPosition:
+    """Where a message stands among its siblings: `index` of `count` (1-based), all ids."""
+
+    index: int
+    count: int
+    sibling_ids: tuple[uuid.UUID, ...]
+
+
+def sibling_positions(*, branch: Sequence[Message]) -> list[SiblingPosition]:
+    """For each message of `branch`, its place among its siblings, ordered by age.
+
+    One query for the whole branch, so a client can show `< 2/3 >` at every fork.
+    """
+    parent_ids = {message.parent_id for message in branch if message.parent_id is not None}
+    siblings: dict[uuid.UUID, list[uuid.UUID]] = defaultdict(list)
+    if parent_ids:
+        rows = (
+            Message.objects.filter(parent_id__in=parent_ids)
+            .order_by("created_at", "id")
+            .values_list("parent_id", "id")
+        )
+        for parent_id, message_id in rows:
+            siblings[parent_id].append(message_id)
+    positions = []
+    for message in branch:
+        ids = tuple(siblings[message.parent_id]) if message.parent_id else (message.pk,)
+        positions.append(SiblingPosition(ids.index(message.pk) + 1, len(ids), ids))
+    return positions

@@ -1,0 +1,254 @@
+"""The SSE edge, served by a real Daphne process: replay, resume, heartbeats, disconnects."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
+
+from accounts.services import api_key_create
+from conversations.services import conversation_create
+from conversations.turns import Turn, turn_send
+from inference import queue
+from inference.models import Generation
+
+from .conftest import LiveEdge, register_pool, running_schedulers, wait_for
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@dataclass
+class Event:
+    id: str | None
+    event: str
+    data: dict[str, Any] | None
+    comment: str | None = None
+
+
+def read_events(lines: Iterator[str]) -> Iterator[Event]:
+    """Parse an SSE body into events, comments (heartbeats) included."""
+    fields: dict[str, str] = {}
+    for line in lines:
+        if line == "":
+            if "data" in fields or "event" in fields:
+                yield Event(
+                    id=fields.get("id"),
+                    event=fields.get("event", "message"),
+                    data=json.loads(fields["data"]) if "data" in fields else None,
+                )
+                fields = {}
+            continue
+        if line.startswith(":"):
+            yield Event(id=None, event="comment", data=None, comment=line[1:].strip())
+            continue
+        name, _, value = line.partition(":")
+        fields[name] = value.removeprefix(" ")
+
+
+def bearer(user: User) -> dict[str, str]:
+    _, raw_key = api_key_create(user=user, name="stream tests")
+    return {"Authorization": f"Bearer {raw_key}"}
+
+
+def _send(user: User, content: str = "Hello") -> Turn:
+    return turn_send(user=user, conversation=conversation_create(owner=user), content=content)
+
+
+def stream_url(edge: LiveEdge, generation_id: Any) -> str:
+    return f"{edge.url}/api/v1/generations/{generation_id}/stream"
+
+
+async def collect(url: str, headers: dict[str, str], *, until: str = "done") -> list[Event]:
+    """Read a stream until the event named `until`, then hang up."""
+    events = []
+    lines: list[str] = []
+    async with (
+        httpx.AsyncClient(timeout=30) as client,
+        client.stream("GET", url, headers=headers) as response,
+    ):
+        assert response.status_code == 200
+        async for line in response.aiter_lines():
+            lines.append(line)
+            if line != "":
+                continue
+            for event in read_events(iter(lines)):
+                events.append(event)
+                if event.event == until:
+                    return events
+            lines = []
+    return events
+
+
+async def finished(generation_id: Any) -> bool:
+    return (await Generation.objects.aget(pk=generation_id)).is_final
+
+
+async def test_stream_replays_a_finished_generation_with_ids(
+    user: User, fake_workers: Any, live_edge: LiveEdge
+) -> None:
+    fake = fake_workers(tokens=12, token_delay=0.01)
+    await sync_to_async(register_pool)(fake)
+    turn = await sync_to_async(_send)(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id))
+    headers = await sync_to_async(bearer)(user)
+
+    with httpx.stream("GET", stream_url(live_edge, turn.generation.id), headers=headers) as resp:
+        assert resp.status_code == 200
+        assert resp.headers["content-type"].startswith("text/event-stream")
+        assert resp.headers["cache-control"] == "no-cache"
+        assert resp.headers["x-accel-buffering"] == "no"
+        assert "gzip" not in resp.headers.get("content-encoding", "")
+        events = [e for e in read_events(resp.iter_lines()) if e.event != "comment"]
+
+    names = [e.event for e in events]
+    assert names[0] == "meta" and names[-1] == "done"
+    assert all(e.id for e in events)
+    assert len({e.id for e in events}) == len(events)
+    text = "".join(e.data["text"] for e in events if e.event == "delta" and e.data)
+    assert text == "".join(f"tok{i} " for i in range(12))
+    assert events[-1].data is not None and events[-1].data["status"] == "complete"
+
+
+async def test_last_event_id_resumes_exactly_after_it(
+    user: User, fake_workers: Any, live_edge: LiveEdge
+) -> None:
+    fake = fake_workers(tokens=30, token_delay=0.01)
+    await sync_to_async(register_pool)(fake)
+    turn = await sync_to_async(_send)(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id))
+    headers = await sync_to_async(bearer)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    everything = await collect(url, headers)
+    everything = [e for e in everything if e.event != "comment"]
+    cut = len(everything) // 2
+
+    resumed = await collect(url, {**headers, "Last-Event-ID": str(everything[cut].id)})
+    resumed = [e for e in resumed if e.event != "comment"]
+    assert [e.id for e in resumed] == [e.id for e in everything[cut + 1 :]]
+
+
+async def test_live_stream_reaches_the_client_while_it_is_produced(
+    user: User, fake_workers: Any, live_edge: LiveEdge
+) -> None:
+    fake = fake_workers(tokens=40, token_delay=0.05)
+    await sync_to_async(register_pool)(fake)
+    turn = await sync_to_async(_send)(user)
+    headers = await sync_to_async(bearer)(user)
+    async with running_schedulers():
+        events = await collect(stream_url(live_edge, turn.generation.id), headers)
+        # The client saw the end while the generation was still being written, not after.
+    names = [e.event for e in events if e.event != "comment"]
+    assert names[0] == "meta"
+    assert names.count("delta") > 5  # coalesced, but streamed in many pieces
+    assert names[-1] == "done"
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    text = "".join(e.data["text"] for e in events if e.event == "delta" and e.data)
+    assert text == generation.message.content
+
+
+async def test_expired_stream_is_served_from_the_stored_message(
+    user: User, fake_workers: Any, live_edge: LiveEdge
+) -> None:
+    fake = fake_workers(tokens=5)
+    await sync_to_async(register_pool)(fake)
+    turn = await sync_to_async(_send)(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id))
+    await queue.async_redis().delete(queue.stream_key(turn.generation.id))
+    headers = await sync_to_async(bearer)(user)
+
+    events = await collect(stream_url(live_edge, turn.generation.id), headers)
+    assert [e.event for e in events] == ["meta", "delta", "done"]
+    assert events[1].data == {"text": "tok0 tok1 tok2 tok3 tok4 "}
+
+
+async def test_heartbeats_flow_while_the_generation_waits(user: User, live_edge: LiveEdge) -> None:
+    await sync_to_async(register_pool)()  # no worker: the generation stays queued
+    turn = await sync_to_async(_send)(user)
+    headers = await sync_to_async(bearer)(user)
+
+    def first_events() -> list[Event]:
+        seen = []
+        with httpx.stream("GET", stream_url(live_edge, turn.generation.id), headers=headers) as r:
+            for event in read_events(r.iter_lines()):
+                seen.append(event)
+                if event.event == "comment":
+                    break
+        return seen
+
+    seen = await sync_to_async(first_events)()
+    assert seen[0].event == "meta"
+    assert seen[-1].comment == "heartbeat"
+
+
+async def test_leaving_before_the_first_token_cancels(user: User, live_edge: LiveEdge) -> None:
+    await sync_to_async(register_pool)()  # nothing will ever produce a token
+    turn = await sync_to_async(_send)(user)
+    headers = await sync_to_async(bearer)(user)
+    await collect(stream_url(live_edge, turn.generation.id), headers, until="meta")
+    await wait_for(lambda: finished(turn.generation.id), within=5)
+    assert (await Generation.objects.aget(pk=turn.generation.id)).status == "cancelled"
+
+
+async def test_leaving_after_the_first_token_cancels_after_the_grace_period(
+    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_GRACE_SECONDS = 1
+    fake = fake_workers(tokens=2000, token_delay=0.01)
+    await sync_to_async(register_pool)(fake)
+    turn = await sync_to_async(_send)(user)
+    headers = await sync_to_async(bearer)(user)
+    async with running_schedulers():
+        await collect(stream_url(live_edge, turn.generation.id), headers, until="delta")
+        # Still running right after the client left: it may come back.
+        assert not await finished(turn.generation.id)
+        await wait_for(lambda: finished(turn.generation.id), within=10)
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.CANCELLED
+    assert generation.message.content.startswith("tok0")
+    assert fake.aborted == 1
+
+
+async def test_a_client_that_comes_back_in_time_keeps_the_generation(
+    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_GRACE_SECONDS = 2
+    fake = fake_workers(tokens=150, token_delay=0.02)
+    await sync_to_async(register_pool)(fake)
+    turn = await sync_to_async(_send)(user)
+    headers = await sync_to_async(bearer)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    async with running_schedulers():
+        first = await collect(url, headers, until="delta")
+        last_seen = str([e for e in first if e.id][-1].id)
+        rest = await collect(url, {**headers, "Last-Event-ID": last_seen})
+    assert rest[-1].event == "done"
+    assert rest[-1].data is not None and rest[-1].data["status"] == "complete"
+    text = "".join(e.data["text"] for e in first + rest if e.event == "delta" and e.data)
+    assert text == "".join(f"tok{i} " for i in range(150))
+
+
+async def test_another_users_stream_is_not_found(
+    user: User, other_user: User, live_edge: LiveEdge
+) -> None:
+    await sync_to_async(register_pool)()
+    turn = await sync_to_async(_send)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    other_headers = await sync_to_async(bearer)(other_user)
+    response = await sync_to_async(httpx.get)(url, headers=other_headers)
+    assert response.status_code == 404
+    assert response.json()["error"]["code"] == "not_found"
+    anonymous = await sync_to_async(httpx.get)(url)
+    assert anonymous.status_code == 401
+    bad_id = await sync_to_async(httpx.get)(
+        url, headers={**(await sync_to_async(bearer)(user)), "Last-Event-ID": "x"}
+    )
+    assert bad_id.status_code == 400
