@@ -25,6 +25,12 @@ def _clean_redis() -> Iterator[None]:
     connection.flushdb()
 
 
+@pytest.fixture(autouse=True)
+def _fast_password_hashing(settings: Any) -> None:
+    """Real hashing costs ~1 s a user; the suite tests our code, not PBKDF2."""
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
 @pytest.fixture
 def user(db: Any) -> Any:
     return UserFactory()
