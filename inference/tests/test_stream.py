@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import random
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -18,7 +20,7 @@ from conversations.turns import Turn, turn_send
 from inference import queue
 from inference.models import Generation
 
-from .conftest import LiveEdge, register_pool, running_schedulers, wait_for
+from .conftest import LiveEdge, register_pool, running_schedulers, stream_events, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -252,3 +254,86 @@ async def test_another_users_stream_is_not_found(
         url, headers={**(await sync_to_async(bearer)(user)), "Last-Event-ID": "x"}
     )
     assert bad_id.status_code == 400
+
+
+async def test_random_drops_and_resumes_reassemble_the_stored_text_exactly(
+    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    # One event per token, so a long answer makes hundreds of places to drop at.
+    settings.SCHEDULER_COALESCE_MS = 0
+    settings.STREAM_GRACE_SECONDS = 60
+    fake = fake_workers(tokens=600, token_delay=0.002)
+    pool = await sync_to_async(register_pool)(fake)
+    pool.max_output_tokens = 600
+    await pool.asave(update_fields=["max_output_tokens"])
+    turn = await sync_to_async(_send)(user)
+    headers = await sync_to_async(bearer)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    rng = random.Random(20261129)  # noqa: S311 (test data, not secrets)
+
+    text = ""
+    last_id: str | None = None
+    drops = 0
+    async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
+
+        async def first_token() -> bool:
+            events = await sync_to_async(stream_events)(turn.generation.id)
+            return any(name == "delta" for name, _ in events)
+
+        # Leaving before the first token would cancel it (tested above): start after it.
+        await wait_for(first_token)
+        done = False
+        while not done:
+            request_headers = {**headers, **({"Last-Event-ID": last_id} if last_id else {})}
+            keep = rng.randint(1, 3)  # hang up after this many events
+            seen = 0
+            async with client.stream("GET", url, headers=request_headers) as response:
+                assert response.status_code == 200
+                lines: list[str] = []
+                async for line in response.aiter_lines():
+                    lines.append(line)
+                    if line != "":
+                        continue
+                    for event in read_events(iter(lines)):
+                        if event.event == "comment":
+                            continue
+                        last_id = event.id
+                        if event.event == "delta" and event.data:
+                            text += event.data["text"]
+                        if event.event == "restart":
+                            text = ""
+                        done = event.event == "done"
+                        seen += 1
+                    lines = []
+                    if done or seen >= keep:
+                        break
+            drops += 0 if done else 1
+
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert drops >= 200, (drops, generation.status, generation.error_message, text[:100])
+    assert generation.status == Generation.Status.COMPLETE
+    assert text == generation.message.content == "".join(f"tok{i} " for i in range(600))
+
+
+async def test_two_tabs_watch_one_generation_and_one_leaving_does_not_cancel_it(
+    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_GRACE_SECONDS = 1
+    fake = fake_workers(tokens=250, token_delay=0.02)
+    pool = await sync_to_async(register_pool)(fake)
+    pool.max_output_tokens = 250
+    await pool.asave(update_fields=["max_output_tokens"])
+    turn = await sync_to_async(_send)(user)
+    headers = await sync_to_async(bearer)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    async with running_schedulers():
+        staying = asyncio.create_task(collect(url, headers))
+        leaving = await collect(url, headers, until="delta")
+        # Well past the grace period, the remaining tab still holds the generation.
+        await asyncio.sleep(2.5)
+        assert not await finished(turn.generation.id)
+        full = await staying
+    assert full[-1].event == "done"
+    assert full[-1].data is not None and full[-1].data["status"] == "complete"
+    ids = [e.id for e in full if e.id]
+    assert [e.id for e in leaving if e.id] == ids[: len([e for e in leaving if e.id])]
