@@ -269,7 +269,7 @@ async def test_random_drops_and_resumes_reassemble_the_stored_text_exactly(
     turn = await sync_to_async(_send)(user)
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
-    rng = random.Random(20261129)  # noqa: S311 (test data, not secrets)
+    rng = random.Random(20261129)
 
     text = ""
     last_id: str | None = None
