@@ -193,6 +193,13 @@ CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
+# Periodic tasks; django_celery_beat copies these into the database, where staff edit them.
+CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
+    "sweep-stale-generations": {
+        "task": "inference.tasks.sweep_stale_generations",
+        "schedule": 60.0,
+    },
+}
 
 # Product limits.
 MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 32_000)

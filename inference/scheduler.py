@@ -616,11 +616,8 @@ class Scheduler:
         return names
 
     async def sweep(self) -> None:
-        replicas = {
-            name.rsplit(":", 1)[-1]
-            async for name in self.redis.scan_iter(match=queue.key("replica", "*"))
-        }
         await sync_to_async(close_old_connections)()
+        replicas = await sync_to_async(services.live_scheduler_replicas)()
         swept = await sync_to_async(services.generation_sweep_stale)(live_replicas=replicas)
         if swept:
             logger.warning("swept %d stale generation(s)", swept)

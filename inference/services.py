@@ -309,6 +309,13 @@ def workers_sync_from_settings() -> list[Worker]:
     return workers
 
 
+def live_scheduler_replicas() -> set[str]:
+    """Ids of the scheduler replicas whose heartbeat is current."""
+    redis = queue.sync_redis()
+    prefix = queue.key("replica", "")
+    return {str(name)[len(prefix) :] for name in redis.scan_iter(match=prefix + "*")}
+
+
 def generation_sweep_stale(*, live_replicas: set[str], grace_seconds: int = 60) -> int:
     """Fail generations no scheduler is serving any more; returns how many were failed.
 

@@ -299,3 +299,23 @@ def test_stale_generation_of_a_dead_replica_is_swept(user: User) -> None:
     redis.hset(queue.job_key(str(other.generation.id)), "owner", "live-replica")
     Generation.objects.filter(pk=other.generation.id).update(enqueued_at=long_ago)
     assert services.generation_sweep_stale(live_replicas={"live-replica"}) == 0
+
+
+def test_sweeper_task_sees_live_replicas_by_their_heartbeat(user: User) -> None:
+    from inference.tasks import sweep_stale_generations
+
+    register_pool()
+    turn = _send(user)
+    gid = str(turn.generation.id)
+    redis = queue.sync_redis()
+    redis.zrem(queue.queue_key(turn.generation.pool.name, turn.generation.tier), gid)
+    redis.hset(queue.job_key(gid), "owner", "replica-a")
+    long_ago = turn.generation.enqueued_at.replace(year=2000)
+    Generation.objects.filter(pk=gid).update(status=Generation.Status.RUNNING, enqueued_at=long_ago)
+    redis.set(queue.key("replica", "replica-a"), "1", ex=10)
+
+    assert services.live_scheduler_replicas() == {"replica-a"}
+    assert sweep_stale_generations() == 0  # its replica still beats
+    redis.delete(queue.key("replica", "replica-a"))
+    assert sweep_stale_generations() == 1
+    assert Generation.objects.get(pk=gid).status == Generation.Status.FAILED
