@@ -22,6 +22,7 @@ from uuid import UUID
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
 
 from accounts.services import api_key_authenticate
@@ -71,6 +72,9 @@ async def generation_stream(
         )
     except NotFound as exc:
         return _error(404, exc.code, exc.message)
+
+    # A stream may stay open for minutes; its database connection must not stay with it.
+    await sync_to_async(connections.close_all)()
 
     last_id = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id") or "0-0"
     if not _EVENT_ID.match(last_id):
