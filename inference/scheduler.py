@@ -37,6 +37,8 @@ from .models import Generation, ModelPool, Worker
 logger = logging.getLogger(__name__)
 
 SWEEP_EVERY_SECONDS = 15
+# Postgres may refuse us for a moment (restart, connection limit): keep the final text.
+FINISH_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)
 REPLICA_TTL_SECONDS = 10
 
 # Take a lease on a worker only while it has room; expired leases (a dead replica's) are
@@ -93,6 +95,7 @@ class Run:
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
     first_token_seen: bool = False
+    finished: bool = False
     tried: set[int] = field(default_factory=set)
 
 
@@ -379,6 +382,11 @@ class Scheduler:
                 error_message=f"The service failed while answering: {type(exc).__name__}",
             )
         finally:
+            if not run.finished:
+                # Disown it, so the sweeper fails it with the text its stream carried.
+                logger.error("generation %s left unfinished; handing it to the sweeper", gid)
+                with contextlib.suppress(Exception):
+                    await self.redis.hdel(queue.job_key(gid), "owner")
             await self.release_lease(gid)
             self.running.pop(gid, None)
             self._wake.set()
@@ -497,17 +505,30 @@ class Scheduler:
             # The worker read the whole prompt before its first token; charge our count of it.
             usage = {"prompt_tokens": run.job.prompt_tokens}
         details = usage.get("prompt_tokens_details") or {}
-        await sync_to_async(services.generation_finish)(
-            generation_id=run.job.generation_id,
-            status=status,
-            text=run.text,
-            finish_reason=finish_reason,
-            prompt_tokens=usage.get("prompt_tokens"),
-            output_tokens=usage.get("completion_tokens"),
-            cached_tokens=details.get("cached_tokens"),
-            error_code=error_code,
-            error_message=error_message,
-        )
+        for delay in FINISH_RETRY_DELAYS:
+            try:
+                await sync_to_async(services.generation_finish)(
+                    generation_id=run.job.generation_id,
+                    status=status,
+                    text=run.text,
+                    finish_reason=finish_reason,
+                    prompt_tokens=usage.get("prompt_tokens"),
+                    output_tokens=usage.get("completion_tokens"),
+                    cached_tokens=details.get("cached_tokens"),
+                    error_code=error_code,
+                    error_message=error_message,
+                )
+            except Exception:
+                logger.exception(
+                    "could not record the end of generation %s; retrying in %s s",
+                    run.job.generation_id,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                await sync_to_async(close_old_connections)()
+            else:
+                run.finished = True
+                return
 
     async def _event(self, generation_id: str, event: str, data: dict[str, Any]) -> None:
         await self.redis.xadd(

@@ -140,8 +140,10 @@ def _start_real_workers(count: int, log_dir: Path) -> list[RealWorker]:
     for index in range(count):
         port = _free_port()
         log = log_dir / f"vllm-worker-{index}.log"
+        # One core each, or both would bind to the first core (vLLM's "auto").
+        cpus = str(index % (os.cpu_count() or 1))
         process = subprocess.Popen(  # noqa: S603 (our own command line)
-            [sys.executable, "manage.py", "run_worker", "--port", str(port)],
+            [sys.executable, "manage.py", "run_worker", "--port", str(port), "--cpus", cpus],
             cwd=settings.BASE_DIR,
             stdout=log.open("wb"),
             stderr=subprocess.STDOUT,

@@ -12,11 +12,13 @@ import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.contrib.auth.models import User
+from django.db import OperationalError
 
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from conversations.turns import Turn, turn_send
 from inference import queue, services
+from inference import scheduler as scheduler_module
 from inference.models import Generation, Worker
 
 from .conftest import (
@@ -319,3 +321,60 @@ def test_sweeper_task_sees_live_replicas_by_their_heartbeat(user: User) -> None:
     redis.delete(queue.key("replica", "replica-a"))
     assert sweep_stale_generations() == 1
     assert Generation.objects.get(pk=gid).status == Generation.Status.FAILED
+
+
+async def test_final_write_survives_a_database_hiccup(
+    user: User, fake_workers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = fake_workers(tokens=4)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    real_finish = services.generation_finish
+    calls = {"n": 0}
+
+    def flaky_finish(**kwargs: Any) -> bool:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise OperationalError("the database is restarting")
+        return real_finish(**kwargs)
+
+    monkeypatch.setattr(services, "generation_finish", flaky_finish)
+    monkeypatch.setattr(scheduler_module, "FINISH_RETRY_DELAYS", (0.05, 0.05))
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id))
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert calls["n"] == 2
+    assert generation.status == Generation.Status.COMPLETE
+    assert generation.message.content == "tok0 tok1 tok2 tok3 "
+
+
+async def test_a_generation_that_cannot_be_finished_is_handed_to_the_sweeper(
+    user: User, fake_workers: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake = fake_workers(tokens=4)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+
+    def broken_finish(**kwargs: Any) -> bool:
+        raise OperationalError("the database is gone")
+
+    monkeypatch.setattr(services, "generation_finish", broken_finish)
+    monkeypatch.setattr(scheduler_module, "FINISH_RETRY_DELAYS", (0.05,))
+    gid = str(turn.generation.id)
+    async with running_schedulers() as replicas:
+
+        async def disowned() -> bool:
+            job = await queue.async_redis().hgetall(queue.job_key(gid))
+            started = "first_token_ms" in job
+            return started and "owner" not in job and gid not in replicas[0].running
+
+        await wait_for(disowned)
+    monkeypatch.undo()
+    # Its replica is alive, but no longer owns it: the sweeper fails it with its streamed text.
+    long_ago = turn.generation.enqueued_at.replace(year=2000)
+    await Generation.objects.filter(pk=gid).aupdate(enqueued_at=long_ago)
+    swept = await sync_to_async(services.generation_sweep_stale)(live_replicas={"test-0"})
+    assert swept == 1
+    generation = await Generation.objects.select_related("message").aget(pk=gid)
+    assert generation.status == Generation.Status.FAILED
+    assert generation.message.content == "tok0 tok1 tok2 tok3 "

@@ -101,3 +101,14 @@ def test_run_worker_explains_missing_worker_venv(settings, tmp_path: Path) -> No
 
     with pytest.raises(CommandError, match="make worker-venv"):
         call_command("run_worker", "--port", "8101", "--device", "cpu")
+
+
+def test_workers_can_be_bound_to_their_own_cores() -> None:
+    env = build_worker_env(device="cpu", kv_cache_gib=None, base={}, cpus="1")
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "1"
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in build_worker_env(
+        device="cpu", kv_cache_gib=None, base={}
+    )
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in build_worker_env(
+        device="gpu", kv_cache_gib=None, base={}, cpus="1"
+    )

@@ -97,10 +97,19 @@ def build_worker_argv(
 
 
 def build_worker_env(
-    *, device: Device, kv_cache_gib: float | None, base: Mapping[str, str]
+    *,
+    device: Device,
+    kv_cache_gib: float | None,
+    base: Mapping[str, str],
+    cpus: str | None = None,
 ) -> dict[str, str]:
-    """The worker's environment: ``base`` plus offline mode and, on CPU, the KV cache size."""
+    """The worker's environment: ``base`` plus offline mode and, on CPU, the KV cache size
+    and the cores its threads are bound to."""
     env = dict(base)
+    if device == "cpu" and cpus:
+        # vLLM's default ("auto") binds every server on a host to the same first core, so two
+        # workers on one machine would share one core and leave the others idle.
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpus
     # Models come from local folders; nothing may be fetched from a hub.
     env["HF_HUB_OFFLINE"] = "1"
     env["TRANSFORMERS_OFFLINE"] = "1"
@@ -135,6 +144,10 @@ class Command(BaseCommand):
             "on GPU: vLLM's share of the card)",
         )
         parser.add_argument("--device", choices=["auto", "cpu", "gpu"], default="auto")
+        parser.add_argument(
+            "--cpus",
+            help="CPU only: cores to bind vLLM's threads to, e.g. 0 or 2-3 (default: vLLM's auto)",
+        )
         parser.add_argument("--max-num-seqs", type=int, help="most sequences batched at once")
         parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
         parser.add_argument(
@@ -172,7 +185,12 @@ class Command(BaseCommand):
             kv_cache_gib=options["kv_cache_gib"],
             extra=options["extra"] or [],
         )
-        env = build_worker_env(device=device, kv_cache_gib=options["kv_cache_gib"], base=os.environ)
+        env = build_worker_env(
+            device=device,
+            kv_cache_gib=options["kv_cache_gib"],
+            base=os.environ,
+            cpus=options["cpus"],
+        )
         self.stdout.write(f"Starting vLLM worker ({device}): {shlex.join(argv)}")
         self.stdout.flush()
         sys.stderr.flush()
