@@ -77,8 +77,8 @@ def sync_redis() -> Redis:
     return Redis.from_url(settings.REDIS_URL, decode_responses=True)
 
 
-def async_redis() -> AsyncRedis:
-    return AsyncRedis.from_url(settings.REDIS_URL, decode_responses=True)
+def async_redis(**options: Any) -> AsyncRedis:
+    return AsyncRedis.from_url(settings.REDIS_URL, decode_responses=True, **options)
 
 
 # Enqueue: the job, its place in the queue and the first stream event, all at once.

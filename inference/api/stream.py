@@ -24,6 +24,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import connections
 from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from redis.exceptions import RedisError
 
 from accounts.services import api_key_authenticate
 from chatsite.errors import NotFound
@@ -73,14 +74,12 @@ async def generation_stream(
     except NotFound as exc:
         return _error(404, exc.code, exc.message)
 
-    # A stream may stay open for minutes; its database connection must not stay with it.
-    await sync_to_async(connections.close_all)()
-
     last_id = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id") or "0-0"
     if not _EVENT_ID.match(last_id):
         return _error(400, "invalid_last_event_id", "Last-Event-ID is not an event id.")
 
-    redis = queue.async_redis()
+    # The blocking read outlasts redis-py's default socket timeout unless told otherwise.
+    redis = queue.async_redis(socket_timeout=settings.STREAM_HEARTBEAT_SECONDS + 10)
     if not await redis.exists(queue.stream_key(generation.id)):
         await redis.aclose()
         body = await sync_to_async(_stored_events)(generation.id)
@@ -144,13 +143,23 @@ async def _tail(redis: Any, generation: Generation, last_id: str) -> AsyncIterat
     watchers = queue.key("watchers", gid)
     heartbeat = settings.STREAM_HEARTBEAT_SECONDS
     finished = False
+    # A stream may stay open for minutes; the database connection that this request's thread
+    # opened (authentication, the lookup, middleware) must not stay open with it.
+    await sync_to_async(connections.close_all)()
     await redis.incr(watchers)
     await redis.expire(watchers, settings.GENERATION_STREAM_TTL_SECONDS)
     await redis.hdel(queue.job_key(gid), "detached_ms")
     try:
         yield f"retry: {settings.STREAM_RETRY_MS}\n\n".encode()
         while True:
-            batches = await redis.xread({stream: last_id}, count=READ_BATCH, block=heartbeat * 1000)
+            try:
+                batches = await redis.xread(
+                    {stream: last_id}, count=READ_BATCH, block=heartbeat * 1000
+                )
+            except RedisError:
+                # End the response: the client reconnects with Last-Event-ID and loses nothing.
+                logger.warning("stream %s: Redis failed; ending the response", gid, exc_info=True)
+                return
             if not batches:
                 yield b": heartbeat\n\n"
                 continue

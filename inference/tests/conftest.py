@@ -189,10 +189,8 @@ class LiveEdge:
     process: subprocess.Popen[bytes]
 
 
-@pytest.fixture(scope="session")
-def live_edge(
-    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[LiveEdge]:
+def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
+    """Start Daphne on a free port against the test database; returns once it answers."""
     port = _free_port()
     database = settings.DATABASES["default"]
     env = {
@@ -203,8 +201,9 @@ def live_edge(
         "REDIS_URL": settings.REDIS_URL,
         "STREAM_HEARTBEAT_SECONDS": "1",
         "DEBUG": "0",
+        **env_overrides,
     }
-    log = tmp_path_factory.mktemp("edge") / "daphne.log"
+    log = log_dir / f"daphne-{port}.log"
     process = subprocess.Popen(  # noqa: S603 (our own command line)
         [
             str(Path(sys.executable).parent / "daphne"),
@@ -229,6 +228,14 @@ def live_edge(
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"daphne did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
-    yield LiveEdge(url=url, process=process)
-    process.terminate()
-    process.wait(timeout=10)
+    return LiveEdge(url=url, process=process)
+
+
+@pytest.fixture(scope="session")
+def live_edge(
+    django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[LiveEdge]:
+    edge = start_edge(tmp_path_factory.mktemp("edge"))
+    yield edge
+    edge.process.terminate()
+    edge.process.wait(timeout=10)

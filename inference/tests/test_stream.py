@@ -20,7 +20,14 @@ from conversations.turns import Turn, turn_send
 from inference import queue
 from inference.models import Generation
 
-from .conftest import LiveEdge, register_pool, running_schedulers, stream_events, wait_for
+from .conftest import (
+    LiveEdge,
+    register_pool,
+    running_schedulers,
+    start_edge,
+    stream_events,
+    wait_for,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -337,3 +344,21 @@ async def test_two_tabs_watch_one_generation_and_one_leaving_does_not_cancel_it(
     assert full[-1].data is not None and full[-1].data["status"] == "complete"
     ids = [e.id for e in full if e.id]
     assert [e.id for e in leaving if e.id] == ids[: len([e for e in leaving if e.id])]
+
+
+async def test_an_idle_stream_outlives_the_redis_client_timeout(
+    user: User, live_edge: LiveEdge, tmp_path: Any
+) -> None:
+    # The production heartbeat (15 s by default) blocks longer than redis-py's own 5 s read
+    # timeout; the stream must keep beating rather than go silent.
+    edge = await sync_to_async(start_edge)(tmp_path, STREAM_HEARTBEAT_SECONDS="7")
+    try:
+        await sync_to_async(register_pool)()  # no worker: the generation waits
+        turn = await sync_to_async(_send)(user)
+        headers = await sync_to_async(bearer)(user)
+        events = await collect(stream_url(edge, turn.generation.id), headers, until="comment")
+        assert [e.event for e in events] == ["meta", "comment"]
+        assert events[-1].comment == "heartbeat"
+    finally:
+        edge.process.terminate()
+        edge.process.wait(timeout=10)
