@@ -69,8 +69,12 @@ format: venv
 	$(VENV)/bin/ruff check --fix .
 	$(VENV)/bin/ruff format .
 
+.PHONY: browser
+browser:
+	scripts/setup-browser.sh
+
 .PHONY: test
-test: venv services lint model
+test: venv services lint model browser
 	$(TEST_ENV) $(PY) manage.py collectstatic --noinput --verbosity 0
 	$(TEST_ENV) CHATSITE_E2E_REQUIRED=1 $(VENV)/bin/pytest
 

@@ -13,6 +13,10 @@ from rest_framework.test import APIClient
 from accounts.services import api_key_create
 from accounts.tests.factories import UserFactory
 
+# Session-wide fixtures (a live edge, real vLLM workers, the browser) start once per run,
+# shared by every app's tests.
+pytest_plugins = ["inference.tests.fixtures", "conversations.tests.browser_conftest"]
+
 
 @pytest.fixture(autouse=True)
 def _clean_redis() -> Iterator[None]:

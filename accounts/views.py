@@ -12,6 +12,7 @@ from django.http import HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
+from billing.abuse import abuse_limit
 from chatsite.auth import request_user
 from chatsite.errors import ServiceError
 
@@ -19,6 +20,7 @@ from . import selectors, services
 
 
 @require_http_methods(["GET", "POST"])
+@abuse_limit("signup")
 def signup(request: HttpRequest) -> HttpResponse:
     if request.user.is_authenticated:
         return redirect("/")
@@ -36,6 +38,7 @@ class ApiKeyForm(forms.Form):
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@abuse_limit("api_key_create")
 def api_keys(request: HttpRequest) -> HttpResponse:
     form = ApiKeyForm(request.POST or None)
     new_key = None

@@ -68,6 +68,7 @@ INSTALLED_APPS = [
     "django.contrib.staticfiles",
     "rest_framework",
     "drf_spectacular",
+    "drf_spectacular_sidecar",
     "channels",
     "django_celery_beat",
     "accounts",
@@ -87,6 +88,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "chatsite.middleware.RateLimitHeadersMiddleware",
 ]
 
 ROOT_URLCONF = "chatsite.urls"
@@ -111,7 +113,13 @@ WSGI_APPLICATION = "chatsite.wsgi.application"
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
 if DATABASE_URL:
-    DATABASES = {"default": dj_database_url.parse(DATABASE_URL, conn_max_age=60)}
+    # Persistent connections leak under ASGI (each request's sync code may run on a new
+    # thread, and a thread keeps its connection): close them after each request by default.
+    DATABASES = {
+        "default": dj_database_url.parse(
+            DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0), conn_health_checks=True
+        )
+    }
 else:
     DATABASES = {
         "default": {
@@ -180,6 +188,10 @@ SPECTACULAR_SETTINGS = {
     "DESCRIPTION": "Conversations, messages and generations of the chat service.",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    # Swagger UI's assets from our own static files: no CDN is needed to read the docs.
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
     "ENUM_NAME_OVERRIDES": {
         "MessageStatusEnum": "conversations.models.Message.Status",
         "GenerationStatusEnum": "inference.models.Generation.Status",
@@ -247,3 +259,44 @@ GENERATION_MAX_ATTEMPTS = env_int("GENERATION_MAX_ATTEMPTS", 2)
 # Where `prepare_model` puts the served model; the web tier reads only its tokenizer.json.
 MODEL_DIR = Path(os.environ.get("MODEL_DIR", DATA_DIR / "models" / "smollm2-135m-instruct"))
 WORKER_PYTHON = os.environ.get("WORKER_PYTHON", str(BASE_DIR / ".venv-worker" / "bin" / "python"))
+
+# Billing: plans, quotas, the usage ledger and statements (billing/).
+BILLING_REDIS_PREFIX = os.environ.get("BILLING_REDIS_PREFIX", f"{INFERENCE_REDIS_PREFIX}:bill")
+BILLING_CURRENCY = os.environ.get("BILLING_CURRENCY", "USD")
+BILLING_MINOR_DIGITS = env_int("BILLING_MINOR_DIGITS", 2)
+BILLING_PAYMENT_PROVIDER = os.environ.get(
+    "BILLING_PAYMENT_PROVIDER", "billing.providers.OfflineProvider"
+)
+# A concurrency slot whose holder died lapses after this; the reconciler renews the slots of
+# generations still in flight, so it only bounds how long a leaked slot blocks a user.
+BILLING_SLOT_TTL_SECONDS = env_int("BILLING_SLOT_TTL_SECONDS", 600)
+BILLING_RESERVATION_TTL_SECONDS = env_int("BILLING_RESERVATION_TTL_SECONDS", 24 * 3600)
+# Retry-After of a refusal for too many answers in progress (when one ends is unknown).
+BILLING_CONCURRENCY_RETRY_SECONDS = env_int("BILLING_CONCURRENCY_RETRY_SECONDS", 2)
+# The reconciler leaves alone what is younger than this (a transaction may still commit).
+BILLING_RECONCILE_GRACE_SECONDS = env_int("BILLING_RECONCILE_GRACE_SECONDS", 120)
+BILLING_RECONCILE_LOOKBACK_DAYS = env_int("BILLING_RECONCILE_LOOKBACK_DAYS", 7)
+# A month is closed into statements this long after it ends (late usage events land first).
+BILLING_STATEMENT_DELAY_SECONDS = env_int("BILLING_STATEMENT_DELAY_SECONDS", 3600)
+BILLING_IDEMPOTENCY_TTL_SECONDS = env_int("BILLING_IDEMPOTENCY_TTL_SECONDS", 24 * 3600)
+BILLING_IDEMPOTENCY_PENDING_SECONDS = env_int("BILLING_IDEMPOTENCY_PENDING_SECONDS", 60)
+# Answers under these paths carry the x-ratelimit-* headers of the caller's plan.
+BILLING_RATELIMIT_HEADER_PATHS = env_list("BILLING_RATELIMIT_HEADER_PATHS", ["/api/", "/v1/"])
+# Request-level abuse limits per client IP (django-ratelimit, on the Redis cache).
+BILLING_ABUSE_RATES = {
+    "login": os.environ.get("RATE_LIMIT_LOGIN", "10/m"),
+    "signup": os.environ.get("RATE_LIMIT_SIGNUP", "5/h"),
+    "api_key_create": os.environ.get("RATE_LIMIT_API_KEY_CREATE", "20/h"),
+    "message_post": os.environ.get("RATE_LIMIT_MESSAGE_POST", "60/m"),
+}
+RATELIMIT_USE_CACHE = "default"
+# Behind a proxy, the META key holding the client address (e.g. HTTP_X_REAL_IP).
+RATELIMIT_IP_META_KEY = os.environ.get("RATELIMIT_IP_META_KEY") or None
+CELERY_BEAT_SCHEDULE["billing-reconcile-usage"] = {
+    "task": "billing.tasks.reconcile_usage",
+    "schedule": 60.0,
+}
+CELERY_BEAT_SCHEDULE["billing-close-statements"] = {
+    "task": "billing.tasks.close_statements",
+    "schedule": 3600.0,
+}

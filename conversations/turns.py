@@ -3,10 +3,15 @@
 The web chat, the JSON API and the OpenAI-compatible API all call these, so a message is
 checked, stored and queued the same way whichever door it came through. The tree write and
 the generation row share one transaction; the job reaches the queue only after it commits.
+
+Billing wraps each turn: an `Idempotency-Key` replays the turn it already made (charged
+once); the plan must include the model; the generation's reservation (made by
+`generation_start` once the prompt is counted) is given back if the transaction fails.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -14,7 +19,14 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from billing.selectors import user_tier
+from billing.selectors import plan_allows_model, plan_for_user
+from billing.services import (
+    idempotency_claim,
+    idempotency_complete,
+    idempotency_fingerprint,
+    idempotency_release,
+    reservation_release,
+)
 from inference.models import Generation
 from inference.services import generation_start, generations_abandon, pool_for_model
 
@@ -30,6 +42,7 @@ class Turn:
     user_message: Message | None
     assistant_message: Message
     generation: Generation
+    replayed: bool = False
 
 
 def conversation_start(
@@ -42,14 +55,17 @@ def conversation_start(
 ) -> Conversation:
     """Start a conversation with a model the user's plan may use."""
     model = (model or settings.DEFAULT_MODEL).strip()
-    pool_for_model(model=model, tier=user_tier(user=user))
+    plan = plan_for_user(user=user)
+    pool_for_model(model=model, tier=plan.tier)
+    plan_allows_model(plan=plan, model=model)
     return services.conversation_create(
         owner=user, model=model, system_prompt=system_prompt, title=title, source=source
     )
 
 
 def conversation_remove(*, conversation: Conversation) -> None:
-    """Delete a conversation; answers still queued or streaming for it are stopped."""
+    """Delete a conversation; answers still queued or streaming for it are stopped, and
+    their reservations given back (an abandoned answer is not charged)."""
     with transaction.atomic():
         in_flight = list(
             Generation.objects.filter(conversation=conversation)
@@ -58,7 +74,13 @@ def conversation_remove(*, conversation: Conversation) -> None:
         )
         services.conversation_delete(conversation=conversation)
         if in_flight:
-            transaction.on_commit(lambda: generations_abandon(generations=in_flight))
+            transaction.on_commit(lambda: _abandon(in_flight))
+
+
+def _abandon(generations: list[Generation]) -> None:
+    generations_abandon(generations=generations)
+    for generation in generations:
+        reservation_release(user_id=generation.user_id, reservation_id=str(generation.pk))
 
 
 def turn_send(
@@ -67,27 +89,124 @@ def turn_send(
     conversation: Conversation,
     content: str,
     parent: Message | Any | None = None,
+    idempotency_key: str | None = None,
 ) -> Turn:
     """Add a user message under `parent` (default: the current leaf) and queue its answer."""
-    with transaction.atomic():
-        user_message, placeholder = services.message_send(
+    parent_id = parent.pk if isinstance(parent, Message) else parent
+    return _queued_turn(
+        user=user,
+        conversation=conversation,
+        write=lambda: services.message_send(
             conversation=conversation, content=content, parent=parent
-        )
-        generation = generation_start(message=placeholder, user=user, tier=user_tier(user=user))
+        ),
+        idempotency_key=idempotency_key,
+        request={
+            "action": "send",
+            "conversation": conversation.pk,
+            "content": content,
+            "parent": parent_id,
+        },
+    )
+
+
+def turn_edit(
+    *, user: User, message: Message, content: str, idempotency_key: str | None = None
+) -> Turn:
+    """Fork at an earlier user message with new content and queue the new answer."""
+    return _queued_turn(
+        user=user,
+        conversation=message.conversation,
+        write=lambda: services.message_edit(message=message, content=content),
+        idempotency_key=idempotency_key,
+        request={"action": "edit", "message": message.pk, "content": content},
+    )
+
+
+def turn_regenerate(*, user: User, message: Message, idempotency_key: str | None = None) -> Turn:
+    """Queue a new answer beside the assistant `message`."""
+    return _queued_turn(
+        user=user,
+        conversation=message.conversation,
+        write=lambda: (None, services.message_regenerate(message=message)),
+        idempotency_key=idempotency_key,
+        request={"action": "regenerate", "message": message.pk},
+    )
+
+
+_Write = Callable[[], tuple[Message | None, Message]]
+
+
+def _queued_turn(
+    *,
+    user: User,
+    conversation: Conversation,
+    write: _Write,
+    idempotency_key: str | None,
+    request: dict[str, Any],
+) -> Turn:
+    """Run `write` (the tree change) and start its generation, once per idempotency key."""
+    if idempotency_key is None:
+        return _write_and_start(user=user, conversation=conversation, write=write)
+    fingerprint = idempotency_fingerprint(request)
+    stored = idempotency_claim(user=user, key=idempotency_key, fingerprint=fingerprint)
+    if stored is not None:
+        replay = _replay(stored)
+        if replay is not None:
+            return replay
+        # What the key made is gone (its conversation was deleted): run the request again,
+        # which answers as it would without the key.
+    try:
+        turn = _write_and_start(user=user, conversation=conversation, write=write)
+    except BaseException:
+        idempotency_release(user=user, key=idempotency_key, fingerprint=fingerprint)
+        raise
+    idempotency_complete(
+        user=user,
+        key=idempotency_key,
+        fingerprint=fingerprint,
+        result={
+            "conversation": str(turn.conversation.pk),
+            "user_message": str(turn.user_message.pk) if turn.user_message else None,
+            "assistant_message": str(turn.assistant_message.pk),
+            "generation": str(turn.generation.pk),
+        },
+    )
+    return turn
+
+
+def _write_and_start(*, user: User, conversation: Conversation, write: _Write) -> Turn:
+    plan = plan_for_user(user=user)
+    plan_allows_model(plan=plan, model=conversation.model)
+    generation: Generation | None = None
+    try:
+        with transaction.atomic():
+            user_message, placeholder = write()
+            generation = generation_start(
+                message=placeholder,
+                user=user,
+                tier=plan.tier,
+                max_tokens=plan.max_output_tokens,
+            )
+    except BaseException:
+        if generation is not None:
+            # The rows rolled back after the reservation was made: give it back now.
+            reservation_release(user_id=user.pk, reservation_id=str(generation.pk))
+        raise
     return Turn(conversation, user_message, placeholder, generation)
 
 
-def turn_edit(*, user: User, message: Message, content: str) -> Turn:
-    """Fork at an earlier user message with new content and queue the new answer."""
-    with transaction.atomic():
-        user_message, placeholder = services.message_edit(message=message, content=content)
-        generation = generation_start(message=placeholder, user=user, tier=user_tier(user=user))
-    return Turn(message.conversation, user_message, placeholder, generation)
-
-
-def turn_regenerate(*, user: User, message: Message) -> Turn:
-    """Queue a new answer beside the assistant `message`."""
-    with transaction.atomic():
-        placeholder = services.message_regenerate(message=message)
-        generation = generation_start(message=placeholder, user=user, tier=user_tier(user=user))
-    return Turn(message.conversation, None, placeholder, generation)
+def _replay(stored: dict[str, Any]) -> Turn | None:
+    """The turn an idempotency key already made, or None if it no longer exists."""
+    generation = (
+        Generation.objects.select_related("conversation", "message")
+        .filter(pk=stored["generation"])
+        .first()
+    )
+    if generation is None:
+        return None
+    user_message = (
+        Message.objects.filter(pk=stored["user_message"]).first()
+        if stored["user_message"]
+        else None
+    )
+    return Turn(generation.conversation, user_message, generation.message, generation, True)

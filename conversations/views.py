@@ -16,17 +16,16 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render, resolve_url
 from django.views.decorators.csrf import ensure_csrf_cookie
 
-from billing.selectors import user_tier
+from billing.selectors import plan_for_user, pools_for_plan
 from chatsite.auth import request_user
 from chatsite.errors import NotFound
 from conversations import selectors
 from conversations.models import Conversation
-from inference.selectors import pools_for_tier
 
 
 def _chat_page(request: HttpRequest, conversation: Conversation | None) -> HttpResponse:
     user = request_user(request)
-    models = [pool.name for pool in pools_for_tier(tier=user_tier(user=user))]
+    models = [pool.name for pool in pools_for_plan(plan=plan_for_user(user=user))]
     default_model = settings.DEFAULT_MODEL if settings.DEFAULT_MODEL in models else None
     config: dict[str, Any] = {
         "conversationId": str(conversation.pk) if conversation else None,

@@ -543,6 +543,18 @@ class Scheduler:
     # Messages from other processes
 
     async def listen_loop(self) -> None:
+        """Pub/sub for new work and cancels; reconnects after a Redis failure. A cancel sent
+        while no replica listened is still found by housekeeping (the job's cancel flag)."""
+        while not self._stopping.is_set():
+            try:
+                await self._listen()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("listening for wake-ups and cancels failed; reconnecting")
+                await asyncio.sleep(1.0)
+
+    async def _listen(self) -> None:
         pubsub = self.redis.pubsub()
         await pubsub.subscribe(queue.wake_channel(), queue.cancel_channel())
         try:
@@ -581,10 +593,15 @@ class Scheduler:
             await self.sweep()
 
     async def cancel_abandoned(self) -> None:
-        """Cancel running generations whose watchers all left and stayed away past the grace."""
+        """Cancel running generations that were asked to stop (a cancel whose pub/sub message
+        was missed) or whose watchers all left and stayed away past the grace period."""
         cutoff = queue.now_ms() - settings.STREAM_GRACE_SECONDS * 1000
         for generation_id, task in list(self.running.items()):
-            detached = await self.redis.hget(queue.job_key(generation_id), "detached_ms")
+            flags = await self.redis.hmget(queue.job_key(generation_id), "cancel", "detached_ms")
+            if flags[0]:
+                task.cancel()
+                continue
+            detached = flags[1]
             if detached is None or int(detached) > cutoff:
                 continue
             watchers = await self.redis.get(queue.key("watchers", generation_id))

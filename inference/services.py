@@ -19,6 +19,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from billing.services import generation_settle, reservation_create
 from chatsite.errors import ServiceError
 from conversations.context import assemble_context, count_tokens, load_tokenizer
 from conversations.models import Message
@@ -90,6 +91,9 @@ def generation_start(
         priority=tier_priority(tier),
         max_tokens=max_tokens,
     )
+    # Billing (issue 5): reserve the prompt estimate plus max output tokens against every
+    # limit of the user's plan at once; a refusal (403/413/429) rolls the turn back.
+    reservation_create(generation=generation, prompt_tokens=context.prompt_tokens)
     job = queue.Job(
         generation_id=str(generation.id),
         pool=pool.name,
@@ -156,7 +160,11 @@ def generations_abandon(*, generations: list[Generation]) -> None:
         gid = str(generation.id)
         queue.unqueue(redis, pool=generation.pool.name, tier=generation.tier, generation_id=gid)
         queue.request_cancel(redis, gid)
-        redis.delete(queue.stream_key(gid))
+        # Tabs still watching learn that it ended; the stream then goes soon.
+        queue.append_event(
+            redis, gid, "done", {"status": "cancelled", "finish_reason": "conversation_deleted"}
+        )
+        redis.expire(queue.stream_key(gid), 60)
 
 
 _MESSAGE_STATUS = {
@@ -228,6 +236,8 @@ def generation_finish(
             updated_at=now,
         )
 
+    # Billing (issue 5): the usage event, and the reservation settled with the real usage.
+    generation_settle(generation=generation)
     redis = queue.sync_redis()
     gid = str(generation_id)
     if status in (Generation.Status.FAILED, Generation.Status.REJECTED):

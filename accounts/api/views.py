@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from django.utils.decorators import method_decorator
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -9,6 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import selectors, services
+from billing.abuse import abuse_limit
 from chatsite.auth import request_user
 
 from .serializers import ApiKeyCreatedSerializer, ApiKeyCreateSerializer, ApiKeySerializer
@@ -21,6 +23,7 @@ class ApiKeyListView(APIView):
         return Response(ApiKeySerializer(keys, many=True).data)
 
     @extend_schema(request=ApiKeyCreateSerializer, responses={201: ApiKeyCreatedSerializer})
+    @method_decorator(abuse_limit("api_key_create"))
     def post(self, request: Request) -> Response:
         form = ApiKeyCreateSerializer(data=request.data)
         form.is_valid(raise_exception=True)

@@ -6,4 +6,5 @@ urlpatterns = [
     path("", include("accounts.api.urls")),
     path("", include("conversations.api.urls")),
     path("", include("inference.api.urls")),
+    path("", include("billing.api.urls")),
 ]

@@ -9,13 +9,15 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from django.utils.decorators import method_decorator
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts.models import ApiKey
+from billing.abuse import abuse_limit
 from chatsite.auth import request_user
 from conversations import selectors, services, turns
 from conversations.models import Conversation
@@ -37,6 +39,17 @@ from .serializers import (
 )
 
 TAGS = ["conversations"]
+
+IDEMPOTENCY_KEY = OpenApiParameter(
+    "Idempotency-Key",
+    str,
+    OpenApiParameter.HEADER,
+    description="Retrying with the same key within a day answers the same turn, charged once.",
+)
+
+
+def _idempotency_key(request: Request) -> str | None:
+    return request.headers.get("Idempotency-Key")
 
 
 def _errors(*statuses: int) -> dict[int, OpenApiResponse]:
@@ -168,8 +181,10 @@ class MessageListView(APIView):
         description="Adds the user message under `parent_id` (default: the current leaf) and "
         "a queued assistant placeholder, which becomes the current leaf.",
         request=MessageCreateSerializer,
-        responses={201: TurnSerializer, **_errors(400, 404, 409, 413)},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: TurnSerializer, **_errors(400, 403, 404, 409, 413, 422, 429)},
     )
+    @method_decorator(abuse_limit("message_post"))
     def post(self, request: Request, conversation_id: uuid.UUID) -> Response:
         conversation = selectors.conversation_for_user(
             user=request.user, conversation_id=conversation_id, include_deleted=True
@@ -181,6 +196,7 @@ class MessageListView(APIView):
             conversation=conversation,
             content=form.validated_data["content"],
             parent=form.validated_data.get("parent_id"),
+            idempotency_key=_idempotency_key(request),
         )
         return _turn(turn)
 
@@ -208,8 +224,10 @@ class MessageEditView(APIView):
         operation_id="messages_edit",
         summary="Edit a user message (forks a new branch)",
         request=MessageEditSerializer,
-        responses={201: TurnSerializer, **_errors(400, 404, 409, 413)},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: TurnSerializer, **_errors(400, 403, 404, 409, 413, 422, 429)},
     )
+    @method_decorator(abuse_limit("message_post"))
     def post(self, request: Request, conversation_id: uuid.UUID, message_id: uuid.UUID) -> Response:
         conversation = selectors.conversation_for_user(
             user=request.user, conversation_id=conversation_id, include_deleted=True
@@ -220,7 +238,10 @@ class MessageEditView(APIView):
         form = MessageEditSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         turn = turns.turn_edit(
-            user=request_user(request), message=message, content=form.validated_data["content"]
+            user=request_user(request),
+            message=message,
+            content=form.validated_data["content"],
+            idempotency_key=_idempotency_key(request),
         )
         return _turn(turn)
 
@@ -231,8 +252,10 @@ class MessageRegenerateView(APIView):
         operation_id="messages_regenerate",
         summary="Regenerate an answer (adds a sibling)",
         request=None,
-        responses={201: TurnSerializer, **_errors(400, 404, 409)},
+        parameters=[IDEMPOTENCY_KEY],
+        responses={201: TurnSerializer, **_errors(400, 403, 404, 409, 413, 422, 429)},
     )
+    @method_decorator(abuse_limit("message_post"))
     def post(self, request: Request, conversation_id: uuid.UUID, message_id: uuid.UUID) -> Response:
         conversation = selectors.conversation_for_user(
             user=request.user, conversation_id=conversation_id, include_deleted=True
@@ -240,7 +263,12 @@ class MessageRegenerateView(APIView):
         message = selectors.message_for_user(
             user=request.user, message_id=message_id, conversation=conversation
         )
-        return _turn(turns.turn_regenerate(user=request_user(request), message=message))
+        turn = turns.turn_regenerate(
+            user=request_user(request),
+            message=message,
+            idempotency_key=_idempotency_key(request),
+        )
+        return _turn(turn)
 
 
 class BranchSwitchView(APIView):

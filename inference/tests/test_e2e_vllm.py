@@ -17,7 +17,7 @@ from conversations.turns import Turn, turn_send
 from inference import services
 from inference.models import Generation, ModelPool, Worker
 
-from .conftest import RealWorker, running_schedulers, stream_events, wait_for
+from .fixtures import RealWorker, running_schedulers, stream_events, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 

@@ -14,6 +14,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import OperationalError
 
+from billing.tests.factories import subscribe
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from conversations.turns import Turn, turn_send
@@ -21,7 +22,7 @@ from inference import queue, services
 from inference import scheduler as scheduler_module
 from inference.models import Generation, Worker
 
-from .conftest import (
+from .fixtures import (
     generation_status,
     register_pool,
     running_schedulers,
@@ -249,6 +250,8 @@ async def test_two_replicas_serve_every_generation_exactly_once(
 ) -> None:
     fakes = [fake_workers(tokens=3, token_delay=0.002) for _ in range(2)]
     await sync_to_async(register_pool)(*fakes)
+    # A plan roomy enough for 24 answers at once, on the free tier's priority.
+    await sync_to_async(subscribe)(user, tier="free")
     turns = [await send(user, f"question {i}") for i in range(24)]
     async with running_schedulers(count=2):
 
@@ -378,3 +381,22 @@ async def test_a_generation_that_cannot_be_finished_is_handed_to_the_sweeper(
     generation = await Generation.objects.select_related("message").aget(pk=gid)
     assert generation.status == Generation.Status.FAILED
     assert generation.message.content == "tok0 tok1 tok2 tok3 "
+
+
+async def test_a_cancel_sent_while_no_scheduler_listened_is_still_honoured(
+    user: User, fake_workers: Any
+) -> None:
+    fake = fake_workers(tokens=500, token_delay=0.02)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    gid = str(turn.generation.id)
+    async with running_schedulers():
+
+        async def streaming() -> bool:
+            return "delta" in await sync_to_async(events_named)(gid)
+
+        await wait_for(streaming)
+        # The flag alone, as if the pub/sub message had been lost.
+        await queue.async_redis().hset(queue.job_key(gid), "cancel", "1")
+        await wait_for(lambda: finished(gid), within=5)
+    assert await generation_status(gid) == Generation.Status.CANCELLED

@@ -20,7 +20,7 @@ from conversations.turns import Turn, turn_send
 from inference import queue
 from inference.models import Generation
 
-from .conftest import (
+from .fixtures import (
     LiveEdge,
     register_pool,
     running_schedulers,

@@ -1,4 +1,5 @@
-"""Fixtures for the inference plane: pools, stand-in workers, in-process scheduler replicas."""
+"""Fixtures for the inference plane, loaded for the whole suite by the root conftest: pools,
+stand-in workers, in-process scheduler replicas, a live Daphne edge and real vLLM workers."""
 
 from __future__ import annotations
 

@@ -1,0 +1,69 @@
+"""Request-level abuse limits per client IP: log-in, sign-up, API keys, message POSTs.
+
+django-ratelimit counts on the Redis cache; the rates are `settings.BILLING_ABUSE_RATES`,
+read on each request. A refusal is 429 with `Retry-After`: the JSON error shape for API
+clients, a short page for browsers.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template.loader import render_to_string
+from django_ratelimit.core import get_usage
+
+from .errors import ErrorCode
+
+_View = TypeVar("_View", bound=Callable[..., Any])
+
+
+def _refusal(request: Any, retry_after: int) -> HttpResponse:
+    message = "Too many attempts from your network; please wait before trying again."
+    headers = {"Retry-After": str(retry_after)}
+    wants_page = "text/html" in request.headers.get("Accept", "") and not request.path.startswith(
+        tuple(settings.BILLING_RATELIMIT_HEADER_PATHS)
+    )
+    if wants_page:
+        html = render_to_string(
+            "billing/too_many_requests.html",
+            {"message": message, "retry_after": retry_after},
+            request=request,
+        )
+        return HttpResponse(html, status=429, headers=headers)
+    body = {
+        "error": {
+            "code": ErrorCode.RATE_LIMITED.value,
+            "message": message,
+            "detail": {"retry_after": retry_after},
+        }
+    }
+    return JsonResponse(body, status=429, headers=headers)
+
+
+def abuse_limit(group: str, *, methods: tuple[str, ...] = ("POST",)) -> Callable[[_View], _View]:
+    """Limit a view (a function view, or a DRF method through `method_decorator`) per client
+    IP to `settings.BILLING_ABUSE_RATES[group]` for `methods`."""
+
+    def decorator(view: _View) -> _View:
+        @functools.wraps(view)
+        def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            if request.method in methods:
+                usage = get_usage(
+                    request,
+                    group=f"abuse:{group}",
+                    key="ip",
+                    rate=settings.BILLING_ABUSE_RATES[group],
+                    method=list(methods),
+                    increment=True,
+                )
+                if usage is not None and usage["should_limit"]:
+                    return _refusal(request, max(1, int(usage["time_left"])))
+            return view(request, *args, **kwargs)
+
+        return cast(_View, wrapped)
+
+    return decorator

@@ -1,0 +1,62 @@
+"""Helpers shared by billing's tests: sending through the API and finishing by hand."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rest_framework.test import APIClient
+
+from billing import quota
+from conversations.models import Conversation
+from inference.models import Generation
+from inference.services import generation_finish
+
+API = "/api/v1/conversations"
+
+
+def send(
+    client: APIClient, conversation: Conversation, content: str = "Hello!", **extra: Any
+) -> Any:
+    return client.post(
+        f"{API}/{conversation.pk}/messages", {"content": content}, format="json", **extra
+    )
+
+
+def finish(
+    generation_id: Any,
+    *,
+    status: str = Generation.Status.COMPLETE,
+    text: str = "An answer.",
+    prompt_tokens: int | None = 20,
+    output_tokens: int | None = 5,
+) -> None:
+    """End a generation the way the scheduler does: through `generation_finish`."""
+    generation_finish(
+        generation_id=generation_id,
+        status=status,
+        text=text,
+        finish_reason="stop" if status == Generation.Status.COMPLETE else status,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+    )
+
+
+def tokens_left(user: Any, *, tokens_per_minute: int) -> int:
+    _, tokens = quota.peek(
+        user_id=user.pk,
+        requests_per_minute=1,
+        tokens_per_minute=tokens_per_minute,
+        now=quota.now_ms(),
+    )
+    return tokens.remaining
+
+
+def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.content
+    body = response.json()
+    assert set(body) == {"error"}
+    assert set(body["error"]) == {"code", "message", "detail"}
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+    error: dict[str, Any] = body["error"]
+    return error

@@ -1,0 +1,89 @@
+// The JSON API client: every request of the web chat goes through `request`, so the CSRF
+// header, the error shape and network failures are handled in one place.
+
+const BASE = "/api/v1/";
+
+/** An error the API answered (`{"error": {code, message, detail}}`) or a network failure. */
+export class ApiError extends Error {
+  constructor(status, code, message, detail = null, retryAfter = null) {
+    super(message);
+    this.name = "ApiError";
+    this.status = status;
+    this.code = code;
+    this.detail = detail;
+    this.retryAfter = retryAfter;
+  }
+}
+
+function csrfToken() {
+  for (const part of document.cookie.split(";")) {
+    const [name, ...rest] = part.trim().split("=");
+    if (name === "csrftoken") return decodeURIComponent(rest.join("="));
+  }
+  return "";
+}
+
+async function request(method, path, body) {
+  const headers = { Accept: "application/json" };
+  if (body !== undefined) headers["Content-Type"] = "application/json";
+  if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
+  let response;
+  try {
+    response = await fetch(BASE + path, {
+      method,
+      headers,
+      body: body === undefined ? undefined : JSON.stringify(body),
+      credentials: "same-origin",
+    });
+  } catch {
+    throw new ApiError(0, "network_error", "Could not reach the server. Check your connection and try again.");
+  }
+  if (response.status === 204) return null;
+  let data = null;
+  try {
+    data = await response.json();
+  } catch {
+    data = null;
+  }
+  if (!response.ok) {
+    const error = (data && data.error) || {};
+    const retryAfter = Number.parseInt(response.headers.get("Retry-After") || "", 10);
+    throw new ApiError(
+      response.status,
+      error.code || `http_${response.status}`,
+      error.message || `The server answered ${response.status}. Please try again.`,
+      error.detail ?? null,
+      Number.isFinite(retryAfter) ? retryAfter : null,
+    );
+  }
+  return data;
+}
+
+const id = (value) => encodeURIComponent(value);
+
+export function listConversations({ q = "", cursor = null } = {}) {
+  const params = new URLSearchParams();
+  if (q) params.set("q", q);
+  if (cursor) params.set("cursor", cursor);
+  const query = params.toString();
+  return request("GET", `conversations${query ? `?${query}` : ""}`);
+}
+
+export const createConversation = ({ model }) => request("POST", "conversations", { model });
+export const getConversation = (conversationId) => request("GET", `conversations/${id(conversationId)}`);
+export const renameConversation = (conversationId, title) =>
+  request("PATCH", `conversations/${id(conversationId)}`, { title });
+export const deleteConversation = (conversationId) => request("DELETE", `conversations/${id(conversationId)}`);
+
+export const sendMessage = (conversationId, content) =>
+  request("POST", `conversations/${id(conversationId)}/messages`, { content });
+export const editMessage = (conversationId, messageId, content) =>
+  request("POST", `conversations/${id(conversationId)}/messages/${id(messageId)}/edit`, { content });
+export const regenerateMessage = (conversationId, messageId) =>
+  request("POST", `conversations/${id(conversationId)}/messages/${id(messageId)}/regenerate`);
+export const switchBranch = (conversationId, messageId) =>
+  request("POST", `conversations/${id(conversationId)}/branch`, { message_id: messageId });
+
+export const getGeneration = (generationId) => request("GET", `generations/${id(generationId)}`);
+export const cancelGeneration = (generationId) => request("POST", `generations/${id(generationId)}/cancel`);
+export const generationStreamUrl = (generationId) => `${BASE}generations/${id(generationId)}/stream`;

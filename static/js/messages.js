@@ -1,0 +1,216 @@
+// The message list: one element per message on the active branch, with its actions, its
+// branch switcher (`< 2/3 >`) and, for an answer, its state (queued, streaming, stopped...).
+// User text is only ever set as text; answers go through the Markdown module.
+
+import { copyButton, renderMarkdown } from "./markdown.js";
+
+const IN_PROGRESS = new Set(["queued", "streaming"]);
+
+export const isInProgress = (message) =>
+  message.role === "assistant" && IN_PROGRESS.has(message.status) && Boolean(message.generation_id);
+
+function element(tag, className, text) {
+  const node = document.createElement(tag);
+  if (className) node.className = className;
+  if (text !== undefined) node.textContent = text;
+  return node;
+}
+
+function button(text, label, onClick, className = "action") {
+  const node = element("button", className, text);
+  node.type = "button";
+  node.setAttribute("aria-label", label);
+  node.addEventListener("click", onClick);
+  return node;
+}
+
+/** What an answer shows: from its stream while one is attached, else from the message. */
+export function assistantView(message, stream) {
+  if (!stream) {
+    return {
+      text: message.content,
+      status: message.status,
+      position: null,
+      highDemand: false,
+      error: message.error || null,
+      retracted: null,
+      restarted: false,
+      reconnecting: false,
+      stopping: false,
+      finishReason: message.finishReason || null,
+      started: message.content.length > 0,
+    };
+  }
+  let status;
+  if (stream.done) {
+    status = { complete: "complete", cancelled: "cancelled", lost: "lost" }[stream.status] || "failed";
+  } else {
+    status = stream.phase === "running" ? "streaming" : "queued";
+  }
+  return {
+    text: stream.text,
+    status,
+    position: stream.position,
+    highDemand: stream.highDemand,
+    error: stream.error,
+    retracted: stream.retracted,
+    restarted: stream.restarted,
+    reconnecting: stream.reconnecting,
+    stopping: stream.stopping,
+    finishReason: stream.finishReason,
+    started: stream.phase === "running" || stream.text.length > 0,
+  };
+}
+
+function stateText(view) {
+  if (view.stopping && IN_PROGRESS.has(view.status)) return ["stopping", "Stopping…"];
+  if (view.reconnecting) return ["reconnecting", "Connection lost. Reconnecting…"];
+  switch (view.status) {
+    case "queued":
+      if (view.highDemand) {
+        const where = view.position ? ` (position ${view.position})` : "";
+        return ["high-demand", `High demand right now: your answer is waiting for a free model${where}.`];
+      }
+      if (view.position) return ["queued", `Your answer will start shortly (position ${view.position}).`];
+      return ["queued", "Your answer will start shortly."];
+    case "streaming":
+      if (view.restarted && !view.text) return ["restarted", "A model worker failed; starting the answer again…"];
+      return view.text ? ["streaming", ""] : ["thinking", "Thinking…"];
+    case "cancelled":
+      return ["cancelled", view.text ? "Stopped." : "Stopped before the answer started."];
+    case "failed":
+      return ["failed", (view.error && view.error.message) || "The answer failed. Try Regenerate."];
+    case "lost":
+      return ["failed", (view.error && view.error.message) || "Lost the connection to this answer."];
+    case "blocked":
+      return ["blocked", "This answer was withheld by moderation."];
+    case "complete":
+      if (view.retracted) return ["blocked", "This answer was withdrawn by moderation."];
+      if (view.finishReason === "length") return ["note", "The answer reached its length limit."];
+      return ["complete", ""];
+    default:
+      return ["", ""];
+  }
+}
+
+function branchSwitcher(message, onSwitch, disabled) {
+  if (!message.sibling_count || message.sibling_count < 2) return null;
+  const index = message.sibling_index;
+  const count = message.sibling_count;
+  const group = element("div", "branch");
+  group.setAttribute("role", "group");
+  group.setAttribute("aria-label", `Version ${index} of ${count}`);
+  const previous = button("‹", "Previous version", () => onSwitch(message, message.sibling_ids[index - 2]), "branch-step");
+  previous.disabled = disabled || index <= 1;
+  const next = button("›", "Next version", () => onSwitch(message, message.sibling_ids[index]), "branch-step");
+  next.disabled = disabled || index >= count;
+  const where = element("span", "branch-position", `${index}/${count}`);
+  group.append(previous, where, next);
+  return group;
+}
+
+/**
+ * One message as a list item. `context`: {stream, busy, onEdit, onRegenerate, onSwitch}.
+ * Answers are filled by `updateAssistant`.
+ */
+export function messageElement(message, context) {
+  const item = element("li", `message ${message.role}`);
+  item.dataset.messageId = message.id;
+  const role = element("div", "message-role", message.role === "user" ? "You" : "Assistant");
+  const body = element("div", "message-body");
+  item.append(role, body);
+  if (message.role === "user") {
+    body.textContent = message.content;
+    const actions = element("div", "message-actions");
+    const switcher = branchSwitcher(message, context.onSwitch, context.switching);
+    if (switcher) actions.append(switcher);
+    actions.append(copyButton(() => message.content, "Copy your message"));
+    const edit = button("Edit", "Edit this message", () => context.onEdit(message, item));
+    edit.disabled = context.busy;
+    actions.append(edit);
+    item.append(actions);
+  } else {
+    body.classList.add("markdown");
+    const state = element("p", "message-state");
+    const actions = element("div", "message-actions");
+    item.append(state, actions);
+    updateAssistant(item, message, context);
+  }
+  return item;
+}
+
+/** Refresh an answer's text, state line and actions from its message and stream. */
+export function updateAssistant(item, message, context) {
+  const view = assistantView(message, context.stream);
+  const body = item.querySelector(".message-body");
+  if (body.dataset.rendered !== view.text || !body.hasChildNodes()) {
+    renderMarkdown(body, view.text);
+    body.dataset.rendered = view.text;
+  }
+  item.dataset.status = view.status;
+  item.setAttribute("aria-busy", String(IN_PROGRESS.has(view.status)));
+  const [kind, text] = stateText(view);
+  const state = item.querySelector(".message-state");
+  state.dataset.kind = kind;
+  state.textContent = text;
+  state.hidden = !text;
+
+  const actions = item.querySelector(".message-actions");
+  actions.replaceChildren();
+  const switcher = branchSwitcher(message, context.onSwitch, context.switching);
+  if (switcher) actions.append(switcher);
+  const finished = !IN_PROGRESS.has(view.status);
+  if (finished && view.text) actions.append(copyButton(() => view.text, "Copy the answer"));
+  if (finished) {
+    const regenerate = button("Regenerate", "Regenerate this answer", () => context.onRegenerate(message));
+    regenerate.disabled = context.busy;
+    if (view.status === "failed" || view.status === "lost") regenerate.classList.add("primary");
+    actions.append(regenerate);
+  }
+}
+
+/** Swap a user message's text for an edit box; `onSubmit(text)` sends the edit. */
+export function startEdit(item, message, { onSubmit, onCancel }) {
+  const body = item.querySelector(".message-body");
+  const actions = item.querySelector(".message-actions");
+  const form = element("form", "edit-form");
+  const label = element("label", "visually-hidden", "Edit your message");
+  const area = element("textarea", "edit-box");
+  area.id = `edit-${message.id}`;
+  label.htmlFor = area.id;
+  area.value = message.content;
+  area.rows = Math.min(12, Math.max(2, message.content.split("\n").length));
+  const save = element("button", "primary", "Send");
+  save.type = "submit";
+  save.setAttribute("aria-label", "Send the edited message");
+  const cancel = button("Cancel", "Cancel the edit", () => finish(), "action");
+  const row = element("div", "edit-actions");
+  row.append(cancel, save);
+  form.append(label, area, row);
+
+  function finish() {
+    form.remove();
+    body.hidden = false;
+    actions.hidden = false;
+    onCancel();
+  }
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (area.value.trim()) onSubmit(area.value);
+  });
+  area.addEventListener("keydown", (event) => {
+    if (event.key === "Escape") {
+      event.preventDefault();
+      event.stopPropagation();
+      finish();
+    } else if (event.key === "Enter" && !event.shiftKey && !event.isComposing) {
+      event.preventDefault();
+      form.requestSubmit();
+    }
+  });
+  body.hidden = true;
+  actions.hidden = true;
+  body.after(form);
+  area.focus();
+  area.setSelectionRange(area.value.length, area.value.length);
+}

@@ -1,0 +1,208 @@
+// One generation's Server-Sent Events, folded into the state the page shows.
+//
+// The browser's EventSource reconnects by itself after a network drop and sends
+// Last-Event-ID, so the server resumes exactly after the last event we saw. Every event id is
+// also checked here: a connection whose first event is not newer than what we hold is a replay
+// from the start (the server serves a finished answer whole), so the text is rebuilt rather than
+// appended twice; any other event we already hold is skipped. Text is never lost or repeated.
+
+import { ApiError, generationStreamUrl, getGeneration } from "./api.js";
+
+const EVENTS = ["meta", "queue", "delta", "restart", "retract", "error", "done"];
+const MAX_RETRIES = 6;
+
+/** Compare two stream entry ids ("<ms>-<seq>"): negative, zero or positive. */
+export function compareEventIds(a, b) {
+  const [aMs, aSeq] = a.split("-").map(BigInt);
+  const [bMs, bSeq] = b.split("-").map(BigInt);
+  if (aMs !== bMs) return aMs < bMs ? -1 : 1;
+  if (aSeq !== bSeq) return aSeq < bSeq ? -1 : 1;
+  return 0;
+}
+
+export class GenerationStream {
+  constructor(generationId, messageId, conversationId) {
+    this.generationId = generationId;
+    this.messageId = messageId;
+    this.conversationId = conversationId;
+    this.text = "";
+    // connecting -> queued -> running -> done
+    this.phase = "connecting";
+    this.status = null; // complete | cancelled | failed | rejected | lost, once done
+    this.finishReason = null;
+    this.position = null;
+    this.highDemand = false;
+    this.error = null; // {code, message}
+    this.retracted = null; // {message} when moderation withdrew the text
+    this.restarted = false;
+    this.reconnecting = false;
+    this.stopping = false;
+    this.lastEventId = null;
+    this.listeners = new Set();
+    this.source = null;
+    this.firstOfConnection = true;
+    this.retries = 0;
+    this.closed = false;
+  }
+
+  get done() {
+    return this.phase === "done";
+  }
+
+  subscribe(listener) {
+    this.listeners.add(listener);
+    return () => this.listeners.delete(listener);
+  }
+
+  notify() {
+    for (const listener of [...this.listeners]) listener(this);
+  }
+
+  open() {
+    if (this.closed) return;
+    let url = generationStreamUrl(this.generationId);
+    if (this.lastEventId) url += `?last_event_id=${encodeURIComponent(this.lastEventId)}`;
+    const source = new EventSource(url, { withCredentials: true });
+    this.source = source;
+    this.firstOfConnection = true;
+    source.addEventListener("open", () => {
+      this.firstOfConnection = true;
+      if (this.reconnecting) {
+        this.reconnecting = false;
+        this.notify();
+      }
+    });
+    for (const name of EVENTS) {
+      source.addEventListener(name, (event) => this.handle(name, event));
+    }
+    source.addEventListener("error", () => this.onError(source));
+  }
+
+  close() {
+    this.closed = true;
+    if (this.source) this.source.close();
+  }
+
+  reset() {
+    this.text = "";
+    this.error = null;
+    this.retracted = null;
+    this.restarted = false;
+    this.position = null;
+    this.highDemand = false;
+  }
+
+  handle(name, event) {
+    const id = event.lastEventId;
+    if (id) {
+      const seen = this.lastEventId !== null && compareEventIds(id, this.lastEventId) <= 0;
+      if (this.firstOfConnection) {
+        if (seen) this.reset();
+      } else if (seen) {
+        return;
+      }
+      this.firstOfConnection = false;
+      this.lastEventId = id;
+    }
+    this.retries = 0;
+    let data = {};
+    try {
+      data = JSON.parse(event.data);
+    } catch {
+      data = {};
+    }
+    this.apply(name, data);
+    this.notify();
+  }
+
+  apply(name, data) {
+    switch (name) {
+      case "meta":
+        if (data.status === "queued" && this.phase !== "running") this.phase = "queued";
+        if (data.status === "running") {
+          this.phase = "running";
+          this.position = null;
+          this.highDemand = false;
+        }
+        break;
+      case "queue":
+        if (this.phase !== "running") this.phase = "queued";
+        this.position = Number.isInteger(data.position) ? data.position : null;
+        this.highDemand = Boolean(data.high_demand);
+        break;
+      case "delta":
+        this.phase = "running";
+        this.position = null;
+        if (!this.retracted) this.text += typeof data.text === "string" ? data.text : "";
+        break;
+      case "restart":
+        this.text = "";
+        this.restarted = true;
+        this.retracted = null;
+        break;
+      case "retract":
+        this.text = "";
+        this.retracted = { message: typeof data.message === "string" ? data.message : "" };
+        break;
+      case "error":
+        this.error = {
+          code: String(data.code || "error"),
+          message: String(data.message || "The answer failed."),
+        };
+        break;
+      case "done":
+        this.phase = "done";
+        this.status = String(data.status || "complete");
+        this.finishReason = data.finish_reason || null;
+        this.reconnecting = false;
+        this.close();
+        break;
+      default:
+        break;
+    }
+  }
+
+  onError(source) {
+    if (this.closed || this.phase === "done") {
+      source.close();
+      return;
+    }
+    this.reconnecting = true;
+    this.notify();
+    // CONNECTING: the browser retries by itself with Last-Event-ID. CLOSED: it gave up (an
+    // HTTP error rather than a network drop), so ask after the generation and try again.
+    if (source.readyState === EventSource.CLOSED) this.retryLater();
+  }
+
+  retryLater() {
+    if (this.retries >= MAX_RETRIES) {
+      this.giveUp("stream_lost", "Lost the connection to this answer. Reload the page to try again.");
+      return;
+    }
+    const delay = Math.min(1000 * 2 ** this.retries, 10000);
+    this.retries += 1;
+    setTimeout(async () => {
+      if (this.closed) return;
+      try {
+        await getGeneration(this.generationId);
+      } catch (error) {
+        if (error instanceof ApiError && error.status === 404) {
+          this.giveUp("not_found", "This answer no longer exists.");
+        } else {
+          this.retryLater();
+        }
+        return;
+      }
+      this.open();
+    }, delay);
+  }
+
+  giveUp(code, message) {
+    this.error = { code, message };
+    this.phase = "done";
+    this.status = "lost";
+    this.reconnecting = false;
+    this.close();
+    this.notify();
+  }
+}
