@@ -908,7 +908,7 @@ async def benchmark(args: argparse.Namespace, urls: list[str], origin: str) -> s
             served_model=await served_model(http, urls[0]),
             tag=tag,
             user=await in_thread(bench_user)(tag),
-            redis=queue.async_redis(),
+            redis=queue.async_redis(socket_timeout=60),
             http=http,
         )
         facts = await worker_facts(bench)
