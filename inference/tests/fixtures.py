@@ -21,7 +21,6 @@ import httpx
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import connections
 
 from inference import queue
 from inference.client import WorkerLoad, parse_metrics
@@ -29,14 +28,6 @@ from inference.models import ModelPool, Worker
 from inference.scheduler import Scheduler
 
 from .fake_worker import FakeWorker
-
-
-@pytest.fixture(autouse=True)
-async def _close_thread_connections() -> AsyncIterator[None]:
-    """Async tests reach the database from asgiref's worker thread; close its connection
-    so the test database can be dropped at the end of the run."""
-    yield
-    await sync_to_async(connections.close_all)()
 
 
 @pytest.fixture
