@@ -56,7 +56,9 @@ async def _caller(request: HttpRequest) -> User | None:
 
 
 def format_event(entry_id: str, event: str, data: str) -> bytes:
-    return f"id: {entry_id}\nevent: {event}\ndata: {data}\n\n".encode()
+    # `id:` goes last: a connection cut inside an event then leaves the client no id of an
+    # event it never got (some EventSource implementations keep a half-read event's id).
+    return f"event: {event}\ndata: {data}\nid: {entry_id}\n\n".encode()
 
 
 async def generation_stream(
