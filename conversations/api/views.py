@@ -20,7 +20,7 @@ from accounts.models import ApiKey
 from billing.abuse import abuse_limit
 from chatsite.auth import request_user
 from conversations import selectors, services, turns
-from conversations.models import Conversation
+from conversations.models import Conversation, Message
 from inference.selectors import generation_ids_for_messages
 
 from .serializers import (
@@ -83,6 +83,26 @@ def _turn(turn: turns.Turn) -> Response:
         },
     }
     return Response(body, status=status.HTTP_201_CREATED)
+
+
+def _message(
+    request: Request,
+    conversation_id: uuid.UUID,
+    message_id: uuid.UUID,
+    *,
+    include_deleted: bool = False,
+) -> Message:
+    """The caller's message inside the URL's conversation; 404 for anything else.
+
+    Writes pass `include_deleted` so the owner of a deleted conversation hears
+    `conversation_deleted` from the service instead of a bare 404.
+    """
+    conversation = selectors.conversation_for_user(
+        user=request.user, conversation_id=conversation_id, include_deleted=include_deleted
+    )
+    return selectors.message_for_user(
+        user=request.user, message_id=message_id, conversation=conversation
+    )
 
 
 class ConversationListView(APIView):
@@ -209,12 +229,7 @@ class MessageDetailView(APIView):
         responses={200: MessageSerializer, **_errors(404)},
     )
     def get(self, request: Request, conversation_id: uuid.UUID, message_id: uuid.UUID) -> Response:
-        conversation = selectors.conversation_for_user(
-            user=request.user, conversation_id=conversation_id
-        )
-        message = selectors.message_for_user(
-            user=request.user, message_id=message_id, conversation=conversation
-        )
+        message = _message(request, conversation_id, message_id)
         return Response(MessageSerializer(message).data)
 
 
@@ -229,12 +244,7 @@ class MessageEditView(APIView):
     )
     @method_decorator(abuse_limit("message_post"))
     def post(self, request: Request, conversation_id: uuid.UUID, message_id: uuid.UUID) -> Response:
-        conversation = selectors.conversation_for_user(
-            user=request.user, conversation_id=conversation_id, include_deleted=True
-        )
-        message = selectors.message_for_user(
-            user=request.user, message_id=message_id, conversation=conversation
-        )
+        message = _message(request, conversation_id, message_id, include_deleted=True)
         form = MessageEditSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         turn = turns.turn_edit(
@@ -257,12 +267,7 @@ class MessageRegenerateView(APIView):
     )
     @method_decorator(abuse_limit("message_post"))
     def post(self, request: Request, conversation_id: uuid.UUID, message_id: uuid.UUID) -> Response:
-        conversation = selectors.conversation_for_user(
-            user=request.user, conversation_id=conversation_id, include_deleted=True
-        )
-        message = selectors.message_for_user(
-            user=request.user, message_id=message_id, conversation=conversation
-        )
+        message = _message(request, conversation_id, message_id, include_deleted=True)
         turn = turns.turn_regenerate(
             user=request_user(request),
             message=message,
