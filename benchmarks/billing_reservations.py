@@ -43,6 +43,10 @@ from pathlib import Path
 from typing import Any, NoReturn
 from unittest import mock
 
+# Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import percentile, render
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_bench_billing"
@@ -105,28 +109,6 @@ def prepare_stores() -> None:
 
 
 # Statistics and tables
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between the closest ranks, as numpy's default."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low, high = math.floor(position), math.ceil(position)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def render(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
-
-    def line(cells: Sequence[str]) -> str:
-        first, *rest = cells
-        return "  ".join(
-            [first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(rest, widths[1:], strict=True))]
-        )
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)])
 
 
 def ms(value: float) -> str:

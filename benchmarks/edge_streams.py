@@ -80,6 +80,10 @@ from psycopg.conninfo import make_conninfo
 if TYPE_CHECKING:
     from redis.asyncio import Redis as AsyncRedis
 
+# Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import ensure_database, percentile, render
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_edgebench"
@@ -160,18 +164,6 @@ def maintenance_conninfo(database: Mapping[str, Any]) -> str:
         host=database.get("HOST") or None,
         port=str(database.get("PORT") or "") or None,
     )
-
-
-def ensure_database(database: Mapping[str, Any]) -> None:
-    from psycopg import sql
-
-    with psycopg.connect(maintenance_conninfo(database), autocommit=True) as connection:
-        name = str(database["NAME"])
-        exists = connection.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
-        ).fetchone()
-        if not exists:
-            connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 def create_generations(count: int) -> tuple[str, list[str]]:
@@ -935,16 +927,6 @@ async def run_phases(bench: Bench) -> tuple[list[Row], str]:
 # Reporting
 
 
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between the closest ranks, as numpy's default."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low, high = math.floor(position), math.ceil(position)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
 def number(value: float | None, digits: int = 0) -> str:
     if value is None or math.isnan(value):
         return "-"
@@ -1020,18 +1002,6 @@ def cells(row: Row) -> list[str]:
 
 def format_row(row: Row) -> str:
     return "  ".join(f"{h}={c}" for h, c in zip(HEADERS[1:], cells(row)[1:], strict=True))
-
-
-def render(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
-
-    def line(values: Sequence[str]) -> str:
-        first, *rest = values
-        return "  ".join(
-            [first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(rest, widths[1:], strict=True))]
-        )
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)])
 
 
 def load_average() -> str:

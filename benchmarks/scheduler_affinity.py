@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -60,6 +60,10 @@ if TYPE_CHECKING:
     from inference.client import WorkerLoad
     from inference.models import ModelPool
     from inference.scheduler import Scheduler
+
+# Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+from benchmarks.common import ensure_database, percentile, render
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -158,26 +162,6 @@ def prepare_stores() -> None:
     call_command("migrate", verbosity=0, interactive=False)
     redis.flushdb()
     redis.close()
-
-
-def ensure_database(database: Mapping[str, Any]) -> None:
-    import psycopg
-    from psycopg import sql
-
-    with psycopg.connect(
-        dbname="postgres",
-        user=database.get("USER") or None,
-        password=database.get("PASSWORD") or None,
-        host=database.get("HOST") or None,
-        port=str(database.get("PORT") or "") or None,
-        autocommit=True,
-    ) as connection:
-        name = str(database["NAME"])
-        exists = connection.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
-        ).fetchone()
-        if not exists:
-            connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
 
 
 @dataclass
@@ -699,28 +683,6 @@ async def measure_overhead(bench: Bench) -> OverheadResult:
 
 
 # Reporting
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    """Linear interpolation between the closest ranks, as numpy's default."""
-    if not values:
-        return math.nan
-    ordered = sorted(values)
-    position = (len(ordered) - 1) * q / 100
-    low, high = math.floor(position), math.ceil(position)
-    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
-
-
-def render(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
-    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
-
-    def line(cells: Sequence[str]) -> str:
-        first, *rest = cells
-        return "  ".join(
-            [first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(rest, widths[1:], strict=True))]
-        )
-
-    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)])
 
 
 def ms(value: float) -> str:

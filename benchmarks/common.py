@@ -1,0 +1,51 @@
+"""What every benchmark script shares: percentiles, aligned tables, its own database."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between the closest ranks, as numpy's default."""
+    if not values:
+        return math.nan
+    ordered = sorted(values)
+    position = (len(ordered) - 1) * q / 100
+    low, high = math.floor(position), math.ceil(position)
+    return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
+
+
+def render(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """A plain-text table: first column left-aligned, the others right-aligned."""
+    widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]
+
+    def line(cells: Sequence[str]) -> str:
+        first, *rest = cells
+        return "  ".join(
+            [first.ljust(widths[0]), *(c.rjust(w) for c, w in zip(rest, widths[1:], strict=True))]
+        )
+
+    return "\n".join([line(headers), line(["-" * w for w in widths]), *(line(row) for row in rows)])
+
+
+def ensure_database(database: Mapping[str, Any]) -> None:
+    """Create the benchmark's own database (Django's DATABASES entry) if it is missing."""
+    import psycopg
+    from psycopg import sql
+
+    with psycopg.connect(
+        dbname="postgres",
+        user=database.get("USER") or None,
+        password=database.get("PASSWORD") or None,
+        host=database.get("HOST") or None,
+        port=str(database.get("PORT") or "") or None,
+        autocommit=True,
+    ) as connection:
+        name = str(database["NAME"])
+        exists = connection.execute(
+            "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
+        ).fetchone()
+        if not exists:
+            connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
