@@ -45,7 +45,7 @@ from unittest import mock
 
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import percentile, render
+from benchmarks.common import percentile, prepare_stores, render
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -62,8 +62,6 @@ def bootstrap() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
     os.environ.setdefault("DATABASE_URL", DEFAULT_DATABASE_URL)
     os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)
-    if str(BASE_DIR) not in sys.path:
-        sys.path.insert(0, str(BASE_DIR))
     import django
 
     django.setup()
@@ -72,40 +70,6 @@ def bootstrap() -> None:
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
     # The benchmark sends from one address far faster than a person: not abuse here.
     settings.BILLING_ABUSE_RATES = {**settings.BILLING_ABUSE_RATES, "message_post": "100000/m"}
-
-
-def prepare_stores() -> None:
-    """Create and migrate the benchmark database; refuse Redis db 0, flush the one given."""
-    import psycopg
-    from django.conf import settings
-    from django.core.management import call_command
-    from psycopg import sql
-    from redis import Redis
-
-    database = settings.DATABASES["default"]
-    if database["ENGINE"] != "django.db.backends.postgresql":
-        fail("DATABASE_URL must name a Postgres database (postgres://.../chatsite_bench_billing).")
-    if "bench" not in str(database["NAME"]):
-        fail(f"Refusing database {database['NAME']!r}: its name must contain 'bench'.")
-    redis = Redis.from_url(settings.REDIS_URL)
-    if int(redis.connection_pool.connection_kwargs.get("db", 0)) == 0:
-        fail("Refusing Redis db 0 (it is flushed at start): use e.g. redis://127.0.0.1:6379/11.")
-    with psycopg.connect(
-        dbname="postgres",
-        user=database.get("USER") or None,
-        password=database.get("PASSWORD") or None,
-        host=database.get("HOST") or None,
-        port=str(database.get("PORT") or "") or None,
-        autocommit=True,
-    ) as connection:
-        name = str(database["NAME"])
-        if not connection.execute(
-            "SELECT 1 FROM pg_database WHERE datname = %s", (name,)
-        ).fetchone():
-            connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    call_command("migrate", verbosity=0, interactive=False)
-    redis.flushdb()
-    redis.close()
 
 
 # Statistics and tables

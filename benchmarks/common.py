@@ -49,3 +49,27 @@ def ensure_database(database: Mapping[str, Any]) -> None:
         ).fetchone()
         if not exists:
             connection.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+
+def prepare_stores() -> None:
+    """Create and migrate the benchmark's database; refuse Redis db 0 and flush the one given.
+
+    Both refusals protect real data: the database's name must contain "bench", and db 0 is
+    the one `make run` uses. Rows of earlier runs stay (each run makes its own user).
+    """
+    from django.conf import settings
+    from django.core.management import call_command
+    from redis import Redis
+
+    database = settings.DATABASES["default"]
+    if database["ENGINE"] != "django.db.backends.postgresql":
+        raise SystemExit("DATABASE_URL must name a Postgres database (postgres://.../x_bench).")
+    if "bench" not in str(database["NAME"]):
+        raise SystemExit(f"Refusing database {database['NAME']!r}: its name must contain 'bench'.")
+    redis = Redis.from_url(settings.REDIS_URL)
+    if int(redis.connection_pool.connection_kwargs.get("db", 0)) == 0:
+        raise SystemExit("Refusing Redis db 0 (it is flushed at start): use another db number.")
+    ensure_database(database)
+    call_command("migrate", verbosity=0, interactive=False)
+    redis.flushdb()
+    redis.close()

@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import ensure_database, percentile, render
+from benchmarks.common import percentile, prepare_stores, render
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -119,8 +119,6 @@ def bootstrap() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
     os.environ.setdefault("DATABASE_URL", DEFAULT_DATABASE_URL)
     os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)
-    if str(BASE_DIR) not in sys.path:
-        sys.path.insert(0, str(BASE_DIR))
     import django
 
     django.setup()
@@ -129,30 +127,6 @@ def bootstrap() -> None:
 
     # One line per readiness probe of the edge is noise in the output.
     logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
-def prepare_stores() -> None:
-    """Create and migrate the benchmark database; refuse Redis db 0, flush the one given.
-
-    Rows of earlier runs stay (each run has its own user): flushing the database would also
-    drop what data migrations put there."""
-    from django.conf import settings
-    from django.core.management import call_command
-    from redis import Redis
-
-    database = settings.DATABASES["default"]
-    if database["ENGINE"] != "django.db.backends.postgresql":
-        fail("DATABASE_URL must name a Postgres database (postgres://.../chatsite_edgebench).")
-    if "bench" not in str(database["NAME"]):
-        fail(f"Refusing database {database['NAME']!r}: its name must contain 'bench'.")
-    ensure_database(database)
-    call_command("migrate", verbosity=0, interactive=False)
-
-    redis = Redis.from_url(settings.REDIS_URL)
-    if int(redis.connection_pool.connection_kwargs.get("db", 0)) == 0:
-        fail("Refusing Redis db 0 (it is flushed at start): use e.g. redis://127.0.0.1:6379/10.")
-    redis.flushdb()
-    redis.close()
 
 
 def maintenance_conninfo(database: Mapping[str, Any]) -> str:

@@ -63,7 +63,7 @@ if TYPE_CHECKING:
 
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import ensure_database, percentile, render
+from benchmarks.common import percentile, prepare_stores, render
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -123,8 +123,6 @@ def bootstrap() -> None:
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
     os.environ.setdefault("DATABASE_URL", DEFAULT_DATABASE_URL)
     os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)
-    if str(BASE_DIR) not in sys.path:
-        sys.path.insert(0, str(BASE_DIR))
     import django
 
     django.setup()
@@ -141,27 +139,6 @@ def bootstrap() -> None:
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]
     logging.getLogger("inference").setLevel(logging.WARNING)
     logging.getLogger("httpx").setLevel(logging.WARNING)
-
-
-def prepare_stores() -> None:
-    """Create and migrate the benchmark database; refuse Redis db 0, flush the one given."""
-    from django.conf import settings
-    from django.core.management import call_command
-    from redis import Redis
-
-    database = settings.DATABASES["default"]
-    if database["ENGINE"] != "django.db.backends.postgresql":
-        fail("DATABASE_URL must name a Postgres database (postgres://.../chatsite_bench).")
-    if "bench" not in str(database["NAME"]):
-        fail(f"Refusing database {database['NAME']!r}: its name must contain 'bench'.")
-    redis = Redis.from_url(settings.REDIS_URL)
-    if int(redis.connection_pool.connection_kwargs.get("db", 0)) == 0:
-        fail("Refusing Redis db 0 (it is flushed at start): use e.g. redis://127.0.0.1:6379/9.")
-
-    ensure_database(database)
-    call_command("migrate", verbosity=0, interactive=False)
-    redis.flushdb()
-    redis.close()
 
 
 @dataclass
