@@ -49,14 +49,3 @@ def tokens_left(user: Any, *, tokens_per_minute: int) -> int:
         now=quota.now_ms(),
     )
     return tokens.remaining
-
-
-def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"code", "message", "detail"}
-    assert body["error"]["code"] == code
-    assert body["error"]["message"]
-    error: dict[str, Any] = body["error"]
-    return error

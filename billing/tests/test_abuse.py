@@ -10,7 +10,8 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from billing.tests.factories import subscribe
-from billing.tests.helpers import assert_error, send
+from billing.tests.helpers import send
+from chatsite.testing import assert_error
 from conversations.services import conversation_create
 from inference.models import ModelPool
 

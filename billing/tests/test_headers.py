@@ -11,7 +11,8 @@ from rest_framework.test import APIClient
 
 from billing.selectors import format_reset
 from billing.tests.factories import subscribe
-from billing.tests.helpers import assert_error, send
+from billing.tests.helpers import send
+from chatsite.testing import assert_error
 from conversations.models import Conversation
 from conversations.services import conversation_create
 from inference.models import ModelPool

@@ -10,7 +10,8 @@ from rest_framework.test import APIClient
 
 from billing import quota
 from billing.tests.factories import subscribe
-from billing.tests.helpers import API, assert_error, finish, send
+from billing.tests.helpers import API, finish, send
+from chatsite.testing import assert_error
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from inference.models import Generation, ModelPool

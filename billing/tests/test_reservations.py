@@ -14,7 +14,8 @@ from rest_framework.test import APIClient
 from billing import quota
 from billing.models import UsageEvent
 from billing.tests.factories import PlanFactory, subscribe
-from billing.tests.helpers import API, assert_error, finish, send, tokens_left
+from billing.tests.helpers import API, finish, send, tokens_left
+from chatsite.testing import assert_error
 from conversations import turns
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create

@@ -8,6 +8,7 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from chatsite.testing import assert_error
 from conversations.models import Conversation, Message
 from inference import queue
 from inference.models import Generation
@@ -17,17 +18,6 @@ from .factories import ConversationFactory, exchange
 pytestmark = pytest.mark.django_db
 
 API = "/api/v1/conversations"
-
-
-def assert_error(response: Any, status: int, code: str) -> dict[str, Any]:
-    assert response.status_code == status, response.content
-    body = response.json()
-    assert set(body) == {"error"}
-    assert set(body["error"]) == {"code", "message", "detail"}
-    assert body["error"]["code"] == code
-    assert body["error"]["message"]
-    error: dict[str, Any] = body["error"]
-    return error
 
 
 @pytest.fixture
