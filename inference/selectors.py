@@ -5,12 +5,11 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import User
-from django.db.models import QuerySet
 
 from chatsite.errors import NotFound
 
 from . import queue
-from .models import Generation, ModelPool, Worker
+from .models import Generation
 
 
 def generation_for_user(*, user: User, generation_id: Any) -> Generation:
@@ -29,14 +28,6 @@ def generation_ids_for_messages(*, message_ids: list[Any]) -> dict[Any, Any]:
     """Assistant message id -> id of its generation, in one query."""
     rows = Generation.objects.filter(message_id__in=message_ids).values_list("message_id", "id")
     return dict(rows)
-
-
-def pools_for_tier(*, tier: str) -> list[ModelPool]:
-    return [pool for pool in ModelPool.objects.filter(is_active=True) if tier in pool.tiers]
-
-
-def workers_of_pool(*, pool: ModelPool) -> QuerySet[Worker]:
-    return pool.workers.all()
 
 
 def worker_live_load(*, worker_id: int) -> dict[str, float]:
