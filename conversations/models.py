@@ -94,6 +94,14 @@ class Message(models.Model):
     output_tokens = models.PositiveIntegerField(null=True, blank=True)
     # Tokens of `content` under the conversation's model, cached for context assembly.
     content_tokens = models.PositiveIntegerField(null=True, blank=True)
+    metadata = models.JSONField(
+        blank=True,
+        default=dict,
+        help_text=(
+            "Structured parts of a message beside its text: an assistant's tool_calls, "
+            "a tool result's tool_call_id and name."
+        ),
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

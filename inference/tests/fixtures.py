@@ -112,8 +112,8 @@ class RealWorker:
     """A real vLLM server started for the end-to-end tests."""
 
     url: str
-    process: subprocess.Popen[bytes]
-    log: Path
+    process: subprocess.Popen[bytes] | None
+    log: Path | None
 
     def metrics(self) -> WorkerLoad:
         return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=5).text)
@@ -144,6 +144,7 @@ def _start_real_workers(count: int, log_dir: Path) -> list[RealWorker]:
         workers.append(RealWorker(url=f"http://127.0.0.1:{port}", process=process, log=log))
     deadline = time.monotonic() + 300
     for worker in workers:
+        assert worker.process is not None and worker.log is not None
         while True:
             if worker.process.poll() is not None:
                 pytest.fail(f"vLLM worker exited early:\n{worker.log.read_text()[-3000:]}")
@@ -160,12 +161,21 @@ def _start_real_workers(count: int, log_dir: Path) -> list[RealWorker]:
 
 @pytest.fixture(scope="session")
 def real_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[RealWorker]]:
-    """Two real vLLM CPU workers serving SmolLM2-135M-Instruct, for the whole session."""
+    """Two real vLLM CPU workers serving SmolLM2-135M-Instruct, for the whole session.
+
+    CHATSITE_E2E_WORKER_URLS (comma-separated) reuses workers already running, for development
+    runs that should not pay vLLM's start-up each time; CI always starts its own.
+    """
+    if urls := os.environ.get("CHATSITE_E2E_WORKER_URLS"):
+        yield [RealWorker(url=url.strip(), process=None, log=None) for url in urls.split(",")]
+        return
     workers = _start_real_workers(2, tmp_path_factory.mktemp("vllm"))
     yield workers
     for worker in workers:
+        assert worker.process is not None
         os.killpg(worker.process.pid, signal.SIGTERM)
     for worker in workers:
+        assert worker.process is not None
         try:
             worker.process.wait(timeout=30)
         except subprocess.TimeoutExpired:
