@@ -99,6 +99,7 @@ def turn_send(
         write=lambda: services.message_send(
             conversation=conversation, content=content, parent=parent
         ),
+        content=content,
         idempotency_key=idempotency_key,
         request={
             "action": "send",
@@ -117,6 +118,7 @@ def turn_edit(
         user=user,
         conversation=message.conversation,
         write=lambda: services.message_edit(message=message, content=content),
+        content=content,
         idempotency_key=idempotency_key,
         request={"action": "edit", "message": message.pk, "content": content},
     )
@@ -128,6 +130,7 @@ def turn_regenerate(*, user: User, message: Message, idempotency_key: str | None
         user=user,
         conversation=message.conversation,
         write=lambda: (None, services.message_regenerate(message=message)),
+        content=None,
         idempotency_key=idempotency_key,
         request={"action": "regenerate", "message": message.pk},
     )
@@ -141,12 +144,16 @@ def _queued_turn(
     user: User,
     conversation: Conversation,
     write: _Write,
+    content: str | None,
     idempotency_key: str | None,
     request: dict[str, Any],
 ) -> Turn:
-    """Run `write` (the tree change) and start its generation, once per idempotency key."""
+    """Run `write` (the tree change) and start its generation, once per idempotency key.
+
+    `content` is the new user text the turn adds (None when it adds none, as a regenerate).
+    """
     if idempotency_key is None:
-        return _write_and_start(user=user, conversation=conversation, write=write)
+        return _write_and_start(user=user, conversation=conversation, write=write, content=content)
     fingerprint = idempotency_fingerprint(request)
     stored = idempotency_claim(user=user, key=idempotency_key, fingerprint=fingerprint)
     if stored is not None:
@@ -156,7 +163,7 @@ def _queued_turn(
         # What the key made is gone (its conversation was deleted): run the request again,
         # which answers as it would without the key.
     try:
-        turn = _write_and_start(user=user, conversation=conversation, write=write)
+        turn = _write_and_start(user=user, conversation=conversation, write=write, content=content)
     except BaseException:
         idempotency_release(user=user, key=idempotency_key, fingerprint=fingerprint)
         raise
@@ -174,7 +181,9 @@ def _queued_turn(
     return turn
 
 
-def _write_and_start(*, user: User, conversation: Conversation, write: _Write) -> Turn:
+def _write_and_start(
+    *, user: User, conversation: Conversation, write: _Write, content: str | None
+) -> Turn:
     plan = plan_for_user(user=user)
     plan_allows_model(plan=plan, model=conversation.model)
     generation: Generation | None = None
