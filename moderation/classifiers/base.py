@@ -1,0 +1,42 @@
+"""The interface every moderation backend implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import ClassVar
+
+from moderation.categories import CATEGORIES
+
+Scores = dict[str, float]
+
+
+class ClassifierError(Exception):
+    """A backend could not score a text (unreachable, an error answer, an answer it cannot
+    read). The caller decides, by `settings.MODERATION_FAIL_CLOSED`, what that means."""
+
+
+class Classifier(ABC):
+    """Scores a text in the one taxonomy (`moderation.categories`), 0..1 per category.
+
+    `classify` never touches the database, so it may run in any thread (the scheduler runs it
+    off its event loop); what a backend keeps in the database (staff-edited rules, the workers
+    of a pool) it loads in `refresh`, which the caller runs where queries are allowed.
+    """
+
+    name: ClassVar[str] = "classifier"
+
+    def refresh(self) -> None:  # noqa: B027 (most backends keep nothing in the database)
+        """Reload what this backend reads from the database; cheap when nothing changed."""
+
+    @abstractmethod
+    def classify(self, text: str) -> Scores:
+        """Scores for the categories this backend knows; the others count as 0."""
+
+
+def clamp(scores: Scores) -> Scores:
+    """Only known categories, each within 0..1."""
+    return {
+        category: min(1.0, max(0.0, float(score)))
+        for category, score in scores.items()
+        if category in CATEGORIES
+    }

@@ -1,0 +1,117 @@
+"""Llama Guard served by a vLLM pool of our own (the production choice on GPUs).
+
+The pool is named by `settings.MODERATION_LLAMA_GUARD_POOL` and its workers are registered in
+admin like any other; vLLM's chat template for Llama Guard turns the text into its safety
+prompt. Llama Guard answers "safe", or "unsafe" and a line of categories ("S1,S10") in the
+same MLCommons taxonomy we use. The named categories score the model's probability of
+"unsafe" (from the first token's log-probabilities), or 1 when vLLM gives none.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import re
+import threading
+import time
+from typing import Any
+
+import httpx
+from django.conf import settings
+
+from moderation.categories import CATEGORIES
+
+from .base import Classifier, ClassifierError, Scores
+
+WORKERS_REFRESH_SECONDS = 10.0
+_CODES = re.compile(r"\bS\d{1,2}\b")
+
+
+def parse_llama_guard(output: str, *, confidence: float = 1.0) -> Scores:
+    """Scores from Llama Guard's answer; ClassifierError if it is not one."""
+    lines = [line.strip() for line in output.strip().splitlines() if line.strip()]
+    if not lines:
+        raise ClassifierError("Llama Guard gave an empty answer")
+    verdict = lines[0].lower()
+    if verdict == "safe":
+        return {}
+    if verdict != "unsafe":
+        raise ClassifierError(f"not a Llama Guard verdict: {lines[0][:80]!r}")
+    codes = [code for code in _CODES.findall(" ".join(lines[1:]).upper()) if code in CATEGORIES]
+    if not codes:
+        raise ClassifierError(f"Llama Guard named no known category: {output[:80]!r}")
+    return dict.fromkeys(codes, confidence)
+
+
+def unsafe_probability(choice: dict[str, Any]) -> float:
+    """P("unsafe") from the first generated token's top log-probabilities; 1.0 if absent."""
+    try:
+        first = choice["logprobs"]["content"][0]
+        candidates = first.get("top_logprobs") or [first]
+        total = sum(
+            math.exp(float(item["logprob"]))
+            for item in candidates
+            if str(item["token"]).strip().lower().startswith("uns")
+        )
+    except (KeyError, IndexError, TypeError, ValueError):
+        return 1.0
+    return min(1.0, total) if total > 0 else 1.0
+
+
+class LlamaGuardClassifier(Classifier):
+    """Asks the Llama Guard pool's workers in turn."""
+
+    name = "llama_guard"
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._targets: list[tuple[str, str]] = []
+        self._loaded_at = -math.inf
+        self._turn = itertools.count()
+
+    def refresh(self) -> None:
+        from inference.models import Worker
+
+        if time.monotonic() - self._loaded_at < WORKERS_REFRESH_SECONDS:
+            return
+        rows = Worker.objects.filter(
+            pool__name=settings.MODERATION_LLAMA_GUARD_POOL,
+            pool__is_active=True,
+            state=Worker.State.HEALTHY,
+        ).select_related("pool")
+        targets = [(row.url.rstrip("/"), row.pool.served_model) for row in rows]
+        with self._lock:
+            self._targets, self._loaded_at = targets, time.monotonic()
+
+    def classify(self, text: str) -> Scores:
+        with self._lock:
+            targets = list(self._targets)
+        if not targets:
+            raise ClassifierError(
+                f"no healthy worker serves the pool {settings.MODERATION_LLAMA_GUARD_POOL!r}"
+            )
+        url, model = targets[next(self._turn) % len(targets)]
+        body = {
+            "model": model,
+            "messages": [{"role": "user", "content": text}],
+            "max_tokens": 20,
+            "temperature": 0,
+            "logprobs": True,
+            "top_logprobs": 5,
+        }
+        try:
+            response = httpx.post(
+                f"{url}/v1/chat/completions",
+                json=body,
+                timeout=settings.MODERATION_LLAMA_GUARD_TIMEOUT_SECONDS,
+            )
+        except httpx.HTTPError as exc:
+            raise ClassifierError(f"Llama Guard worker {url} unreachable: {exc}") from exc
+        if response.status_code != 200:
+            raise ClassifierError(f"Llama Guard worker {url} answered {response.status_code}")
+        try:
+            choice = response.json()["choices"][0]
+            content = str(choice["message"]["content"])
+        except (ValueError, KeyError, IndexError, TypeError) as exc:
+            raise ClassifierError(f"Llama Guard worker {url} sent an unreadable answer") from exc
+        return parse_llama_guard(content, confidence=unsafe_probability(choice))

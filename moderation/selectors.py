@@ -1,0 +1,96 @@
+"""Reads of moderation that services, the scheduler and admin share: thresholds (cached
+briefly), staff rules, an account's standing."""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.core.cache import cache
+from django.db.models import Q
+from django.utils import timezone
+
+from .categories import CATEGORIES
+from .models import CategoryThreshold, Rule, Sanction
+from .rules import CompiledRule, compile_rule
+
+logger = logging.getLogger(__name__)
+
+THRESHOLDS_CACHE_KEY = "moderation:thresholds"
+RULES_VERSION_KEY = "moderation:rules-version"
+
+
+@dataclass(frozen=True)
+class Threshold:
+    """Scores at or above which a category blocks, and is queued for review (None: never)."""
+
+    block: float | None
+    review: float | None
+
+
+def _default(category: str) -> Threshold:
+    table: dict[str, dict[str, Any]] = settings.MODERATION_THRESHOLDS
+    entry = table.get(category, table.get("default", {}))
+    return Threshold(block=entry.get("block"), review=entry.get("review"))
+
+
+def thresholds() -> dict[str, Threshold]:
+    """Every category's thresholds: staff's rows over the settings' defaults, cached for
+    `MODERATION_POLICY_CACHE_SECONDS` (a staff change clears the cache at once)."""
+    cached = cache.get(THRESHOLDS_CACHE_KEY)
+    if cached is None:
+        cached = {
+            row.category: (row.block_at, row.review_at) for row in CategoryThreshold.objects.all()
+        }
+        cache.set(THRESHOLDS_CACHE_KEY, cached, settings.MODERATION_POLICY_CACHE_SECONDS)
+    table = {category: _default(category) for category in CATEGORIES}
+    for category, (block, review) in cached.items():
+        table[category] = Threshold(block=block, review=review)
+    return table
+
+
+def rules_version() -> str:
+    """Changes whenever staff change a rule, so every process reloads them."""
+    return str(cache.get_or_set(RULES_VERSION_KEY, "0", None))
+
+
+def compiled_staff_rules() -> list[CompiledRule]:
+    """Staff's active rules, compiled; a rule whose expression does not compile is skipped
+    (admin refuses such a rule, so this only guards against rows written elsewhere)."""
+    compiled = []
+    for rule in Rule.objects.filter(is_active=True):
+        try:
+            compiled.append(
+                compile_rule(
+                    category=rule.category,
+                    kind=rule.kind,
+                    pattern=rule.pattern,
+                    score=rule.score,
+                    source=f"rule:{rule.pk}",
+                )
+            )
+        except re.error:
+            logger.warning("moderation rule %s does not compile; skipped", rule.pk)
+    return compiled
+
+
+def active_sanctions(*, now: datetime | None = None) -> Q:
+    """The filter of sanctions that refuse sends now: a ban, or a suspension not yet over,
+    neither lifted."""
+    now = now or timezone.now()
+    return Q(lifted_at__isnull=True) & (
+        Q(kind=Sanction.Kind.BAN) | Q(kind=Sanction.Kind.SUSPENSION, ends_at__gt=now)
+    )
+
+
+def sanction_in_force(*, user_id: Any) -> Sanction | None:
+    """The sanction that stops the user sending now (a ban before a suspension), if any."""
+    sanctions = Sanction.objects.filter(active_sanctions(), user_id=user_id)
+    ban = sanctions.filter(kind=Sanction.Kind.BAN).first()
+    if ban is not None:
+        return ban
+    return sanctions.order_by("-ends_at").first()

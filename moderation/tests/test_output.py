@@ -1,0 +1,221 @@
+"""Output moderation while an answer streams: a stand-in worker (FakeWorker) is scripted to
+turn bad mid-answer; the scheduler must stop it, retract it and store it `blocked`, for staff
+eyes only."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
+from django.test import Client
+from rest_framework.test import APIClient
+
+from conversations.models import Message
+from conversations.services import conversation_create
+from conversations.turns import Turn, turn_send
+from inference import queue
+from inference.api.stream import _stored_events
+from inference.models import Generation
+from inference.tests.fake_worker import FakeWorker
+from inference.tests.fixtures import (
+    LiveEdge,
+    register_pool,
+    running_schedulers,
+    stream_events,
+    wait_for,
+)
+from inference.tests.test_stream import bearer, collect, stream_url
+from moderation.models import Flag
+
+from .helpers import API, INSULT
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+CALM = "The weather today is calm and mild. "
+
+
+class ScriptedWorker(FakeWorker):
+    """A FakeWorker that streams the given pieces of text instead of `tok<n>`."""
+
+    def __init__(self, script: list[str], **kwargs: Any) -> None:
+        super().__init__(tokens=len(script), **kwargs)
+        self.script = script
+
+    def _handler(self) -> Any:
+        base = super()._handler()
+        worker = self
+
+        class Scripted(base):  # type: ignore[valid-type,misc]
+            def _stream(self, body: dict[str, Any], mode: str) -> None:
+                for piece in worker.script:
+                    delta = {"content": piece}
+                    self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+                    time.sleep(worker.token_delay)
+                self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
+                usage = {"prompt_tokens": 11, "completion_tokens": len(worker.script)}
+                self._event({"choices": [], "usage": usage})
+                self._chunk(b"data: [DONE]\n\n")
+                self._chunk(b"")
+
+        return Scripted
+
+
+@pytest.fixture
+def small_windows(settings: Any) -> None:
+    # Windows of 20 tokens (80 characters) overlapping by 5: a check every 60 characters.
+    settings.MODERATION_WINDOW_TOKENS = 20
+    settings.MODERATION_WINDOW_OVERLAP_TOKENS = 5
+
+
+def _send(user: User, content: str = "Tell me about the weather.") -> Turn:
+    conversation = conversation_create(owner=user)
+    return turn_send(user=user, conversation=conversation, content=content)
+
+
+send = sync_to_async(_send)
+
+
+async def finished(generation_id: Any) -> bool:
+    return (await Generation.objects.aget(pk=generation_id)).is_final
+
+
+async def run_bad_answer(user: User) -> tuple[Turn, ScriptedWorker]:
+    script = [CALM] * 4 + [INSULT] + [CALM] * 80
+    fake = ScriptedWorker(script, token_delay=0.02)
+    fake.start()
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id))
+        # The upstream request was closed mid-answer (vLLM aborts it).
+        await wait_for(lambda: _aborted(fake))
+    fake.stop()
+    return turn, fake
+
+
+async def _aborted(fake: FakeWorker) -> bool:
+    return fake.aborted >= 1
+
+
+async def test_a_stream_that_turns_bad_is_stopped_retracted_and_stored_blocked(
+    user: User, small_windows: None
+) -> None:
+    turn, _ = await run_bad_answer(user)
+
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.COMPLETE
+    assert generation.finish_reason == "content_filter"
+    message = generation.message
+    assert message.status == Message.Status.BLOCKED
+    # The original is kept (for staff), cut where the generation was stopped.
+    assert INSULT in message.content
+    assert len(message.content) < len(CALM) * 80
+    # Charged for what was produced, not for the whole script.
+    assert generation.output_tokens is not None and 0 < generation.output_tokens < 85 * 8
+
+    events = await sync_to_async(stream_events)(turn.generation.id)
+    names = [name for name, _ in events]
+    assert names[-2:] == ["retract", "done"]
+    # The stream no longer holds the text: a client that re-attaches cannot get it back.
+    assert "delta" not in names
+    retract = events[-2][1]
+    assert retract["reason"] == "content_filter"
+    assert retract["categories"] == ["harassment"]
+    assert retract["notice"]
+    assert events[-1][1]["finish_reason"] == "content_filter"
+
+    flag = await Flag.objects.aget(user=user)
+    assert flag.direction == Flag.Direction.OUTPUT
+    assert flag.action == Flag.Action.RETRACTED
+    assert flag.message_id == message.pk and flag.conversation_id == turn.conversation.pk
+    assert INSULT in flag.excerpt
+
+
+async def test_the_whole_text_is_checked_at_the_end(user: User, settings: Any) -> None:
+    # Windows larger than the answer: only the final check sees it.
+    settings.MODERATION_WINDOW_TOKENS = 2000
+    scripted = ScriptedWorker([CALM, INSULT], token_delay=0.01)
+    scripted.start()
+    await sync_to_async(register_pool)(scripted)
+    turn = await send(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id))
+    scripted.stop()
+
+    message = await Message.objects.aget(pk=turn.assistant_message.pk)
+    assert message.status == Message.Status.BLOCKED
+    names = [name for name, _ in await sync_to_async(stream_events)(turn.generation.id)]
+    assert names[-2:] == ["retract", "done"] and "delta" not in names
+
+
+async def test_a_clean_answer_is_not_touched(user: User, small_windows: None) -> None:
+    scripted = ScriptedWorker([CALM] * 10, token_delay=0.005)
+    scripted.start()
+    await sync_to_async(register_pool)(scripted)
+    turn = await send(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id))
+    scripted.stop()
+
+    message = await Message.objects.aget(pk=turn.assistant_message.pk)
+    assert message.status == Message.Status.COMPLETE
+    assert message.content == CALM * 10
+    names = [name for name, _ in await sync_to_async(stream_events)(turn.generation.id)]
+    assert "retract" not in names and "delta" in names
+    assert not await Flag.objects.filter(user=user).aexists()
+
+
+def _views_of(user: User, staff: User, turn: Turn) -> dict[str, str]:
+    api = APIClient()
+    api.force_login(user)
+    page = Client()
+    page.force_login(user)
+    admin = Client()
+    admin.force_login(staff)
+    message_id = turn.assistant_message.pk
+    flag = Flag.objects.get(message_id=message_id)
+    detail = api.get(f"{API}/{turn.conversation.pk}")
+    assert detail.status_code == 200
+    answer = next(m for m in detail.json()["messages"] if m["id"] == str(message_id))
+    assert answer["status"] == "blocked" and answer["content"] == "" and answer["notice"]
+    return {
+        "api": detail.content.decode(),
+        "page": page.get(f"/c/{turn.conversation.pk}").content.decode(),
+        "replay": _stored_events(turn.generation.id).decode(),
+        "admin_message": admin.get(
+            f"/admin/conversations/message/{message_id}/change/"
+        ).content.decode(),
+        "admin_flag": admin.get(f"/admin/moderation/flag/{flag.pk}/change/").content.decode(),
+    }
+
+
+async def test_the_user_never_sees_the_blocked_text_again_but_staff_do(
+    user: User, staff: User, small_windows: None
+) -> None:
+    turn, _ = await run_bad_answer(user)
+
+    views = await sync_to_async(_views_of)(user, staff, turn)
+
+    shown = "worthless idiot"
+    assert shown not in views["api"]
+    assert shown not in views["page"]
+    assert shown not in views["replay"] and "event: retract" in views["replay"]
+    assert shown in views["admin_message"]
+    assert shown in views["admin_flag"]
+
+
+async def test_a_client_reattaching_after_a_retract_gets_no_text(
+    user: User, small_windows: None, live_edge: LiveEdge
+) -> None:
+    turn, _ = await run_bad_answer(user)
+    headers = await sync_to_async(bearer)(user)
+    assert await queue.async_redis().exists(queue.stream_key(turn.generation.id))
+
+    events = await collect(stream_url(live_edge, turn.generation.id), headers)
+
+    names = [event.event for event in events if event.event != "comment"]
+    assert names[-2:] == ["retract", "done"]
+    assert "delta" not in names
