@@ -1,0 +1,3 @@
+"""A plugin module that fails while importing."""
+
+raise RuntimeError("broken at import")
