@@ -8,11 +8,19 @@ from .services import api_keys_revoke
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
-    list_display = ["name", "prefix", "user", "created_at", "last_used_at", "revoked_at"]
-    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    list_display = [
+        "name",
+        "prefix",
+        "user",
+        "store_conversations",
+        "created_at",
+        "last_used_at",
+        "revoked_at",
+    ]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter), "store_conversations"]
     search_fields = ["name", "prefix", "user__username", "user__email"]
     readonly_fields = ["user", "prefix", "created_at", "last_used_at", "revoked_at"]
-    fields = ["name", *readonly_fields]
+    fields = ["name", "store_conversations", *readonly_fields]
     actions = ["revoke"]
 
     def has_add_permission(self, request: HttpRequest) -> bool:

@@ -22,6 +22,13 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    store_conversations = models.BooleanField(
+        default=True,
+        help_text=(
+            "Keep what the OpenAI-compatible API is sent with this key as conversations "
+            "(marked API); when off, each request's conversation is removed once answered."
+        ),
+    )
 
     class Meta:
         ordering = ["-created_at"]

@@ -27,8 +27,14 @@ def hash_key(raw_key: str) -> str:
     return hashlib.sha256(raw_key.encode()).hexdigest()
 
 
-def api_key_create(*, user: User, name: str) -> tuple[ApiKey, str]:
-    """Create a key for `user` and return it with the raw key, which is never stored."""
+def api_key_create(
+    *, user: User, name: str, store_conversations: bool = True
+) -> tuple[ApiKey, str]:
+    """Create a key for `user` and return it with the raw key, which is never stored.
+
+    `store_conversations` decides whether what the OpenAI-compatible API gets with this key
+    is kept as conversations.
+    """
     with transaction.atomic():
         active = ApiKey.objects.select_for_update().filter(user=user, revoked_at__isnull=True)
         if active.count() >= MAX_ACTIVE_KEYS_PER_USER:
@@ -42,8 +48,19 @@ def api_key_create(*, user: User, name: str) -> tuple[ApiKey, str]:
             name=name.strip() or "API key",
             prefix=raw_key[:12],
             key_hash=hash_key(raw_key),
+            store_conversations=store_conversations,
         )
     return key, raw_key
+
+
+def api_key_update(*, user: User, key_id: int, store_conversations: bool) -> ApiKey:
+    """Change whether the OpenAI-compatible API keeps conversations made with one of
+    `user`'s keys; requests already answered are not touched."""
+    key = api_key_for_user(user=user, key_id=key_id)
+    if key.store_conversations != store_conversations:
+        key.store_conversations = store_conversations
+        key.save(update_fields=["store_conversations"])
+    return key
 
 
 def api_key_revoke(*, user: User, key_id: int) -> ApiKey:

@@ -20,4 +20,5 @@ urlpatterns = [
     path("logout/", auth_views.LogoutView.as_view(), name="logout"),
     path("api-keys/", views.api_keys, name="api-keys"),
     path("api-keys/<int:key_id>/revoke/", views.api_key_revoke, name="api-key-revoke"),
+    path("api-keys/<int:key_id>/storage/", views.api_key_storage, name="api-key-storage"),
 ]

@@ -8,13 +8,13 @@ from django.contrib.auth import login
 from django.contrib.auth.decorators import login_required
 from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import User
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
 from billing.abuse import abuse_limit
 from chatsite.auth import request_user
-from chatsite.errors import ServiceError
+from chatsite.errors import NotFound, ServiceError
 
 from . import selectors, services
 
@@ -34,6 +34,11 @@ def signup(request: HttpRequest) -> HttpResponse:
 
 class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=100)
+    store_conversations = forms.BooleanField(
+        required=False,
+        initial=True,
+        label="Keep OpenAI API requests as conversations",
+    )
 
 
 @login_required
@@ -45,7 +50,9 @@ def api_keys(request: HttpRequest) -> HttpResponse:
     if request.method == "POST" and form.is_valid():
         try:
             _, new_key = services.api_key_create(
-                user=request_user(request), name=form.cleaned_data["name"]
+                user=request_user(request),
+                name=form.cleaned_data["name"],
+                store_conversations=form.cleaned_data["store_conversations"],
             )
         except ServiceError as exc:
             form.add_error(None, exc.message)
@@ -62,4 +69,20 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
     key = services.api_key_revoke(user=request_user(request), key_id=key_id)
     messages.success(request, f"Revoked {key.name}.")
+    return redirect("accounts:api-keys")
+
+
+@login_required
+@require_POST
+def api_key_storage(request: HttpRequest, key_id: int) -> HttpResponse:
+    """Turn keeping the OpenAI-compatible API's conversations on or off for one key."""
+    store = request.POST.get("store_conversations") == "on"
+    try:
+        key = services.api_key_update(
+            user=request_user(request), key_id=key_id, store_conversations=store
+        )
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    state = "kept" if key.store_conversations else "not kept"
+    messages.success(request, f"Requests with {key.name} are now {state} as conversations.")
     return redirect("accounts:api-keys")

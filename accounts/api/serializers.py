@@ -10,12 +10,31 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
 
     class Meta:
         model = ApiKey
-        fields = ["id", "name", "prefix", "created_at", "last_used_at", "revoked_at", "is_active"]
+        fields = [
+            "id",
+            "name",
+            "prefix",
+            "created_at",
+            "last_used_at",
+            "revoked_at",
+            "is_active",
+            "store_conversations",
+        ]
         read_only_fields = fields
 
 
 class ApiKeyCreateSerializer(serializers.Serializer[None]):
     name = serializers.CharField(max_length=100)
+    store_conversations = serializers.BooleanField(
+        default=True,
+        help_text="Keep OpenAI-compatible API requests made with this key as conversations.",
+    )
+
+
+class ApiKeyUpdateSerializer(serializers.Serializer[None]):
+    store_conversations = serializers.BooleanField(
+        help_text="Keep OpenAI-compatible API requests made with this key as conversations."
+    )
 
 
 class ApiKeyCreatedSerializer(ApiKeySerializer):

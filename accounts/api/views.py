@@ -13,7 +13,12 @@ from accounts import selectors, services
 from billing.abuse import abuse_limit
 from chatsite.auth import request_user
 
-from .serializers import ApiKeyCreatedSerializer, ApiKeyCreateSerializer, ApiKeySerializer
+from .serializers import (
+    ApiKeyCreatedSerializer,
+    ApiKeyCreateSerializer,
+    ApiKeySerializer,
+    ApiKeyUpdateSerializer,
+)
 
 
 class ApiKeyListView(APIView):
@@ -28,7 +33,9 @@ class ApiKeyListView(APIView):
         form = ApiKeyCreateSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         key, raw_key = services.api_key_create(
-            user=request_user(request), name=form.validated_data["name"]
+            user=request_user(request),
+            name=form.validated_data["name"],
+            store_conversations=form.validated_data["store_conversations"],
         )
         body = dict(ApiKeySerializer(key).data)
         body["key"] = raw_key
@@ -39,6 +46,17 @@ class ApiKeyDetailView(APIView):
     @extend_schema(responses=ApiKeySerializer)
     def get(self, request: Request, key_id: int) -> Response:
         key = selectors.api_key_for_user(user=request_user(request), key_id=key_id)
+        return Response(ApiKeySerializer(key).data)
+
+    @extend_schema(request=ApiKeyUpdateSerializer, responses=ApiKeySerializer)
+    def patch(self, request: Request, key_id: int) -> Response:
+        form = ApiKeyUpdateSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        key = services.api_key_update(
+            user=request_user(request),
+            key_id=key_id,
+            store_conversations=form.validated_data["store_conversations"],
+        )
         return Response(ApiKeySerializer(key).data)
 
     @extend_schema(responses={204: None})

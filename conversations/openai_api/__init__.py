@@ -1,0 +1,13 @@
+"""The OpenAI-compatible API under `/v1`: `GET /v1/models` and `POST /v1/chat/completions`.
+
+Third-party clients and SDKs use the service as they would use OpenAI, with a key from
+`/accounts/api-keys/` as their API key. A request goes through the web chat's path
+(`conversations.turns.turn_from_messages`): plan, input moderation, quota reservation, the
+scheduler, output moderation, the usage ledger. Answers and errors come in OpenAI's shapes.
+
+- `parsing` reads and checks a request body into a `ChatCompletionRequest`;
+- `errors` is OpenAI's error shape and the mapping of our error codes onto it;
+- `shapes` builds `chat.completion` and `chat.completion.chunk` objects from stream events;
+- `unkept` remembers conversations of keys that do not keep them until they are removed;
+- `views` are the async views (Daphne): they tail the generation's Redis Stream.
+"""

@@ -1,0 +1,178 @@
+"""OpenAI's answer objects (`chat.completion`, `chat.completion.chunk`, `model`) built from a
+generation and the events of its Redis Stream."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from typing import Any
+
+from inference.models import ModelPool
+
+# What OpenAI's clients know; the scheduler's own reasons map onto them.
+FINISH_REASONS = frozenset({"stop", "length", "content_filter", "tool_calls"})
+OWNER = "chatsite"
+
+
+def model_object(pool: ModelPool) -> dict[str, Any]:
+    return {
+        "id": pool.name,
+        "object": "model",
+        "created": int(pool.created_at.timestamp()),
+        "owned_by": OWNER,
+    }
+
+
+def completion_id(generation_id: Any) -> str:
+    return f"chatcmpl-{generation_id}"
+
+
+@dataclass
+class Answer:
+    """A generation followed through its stream events: the text so far and how it ended."""
+
+    text: str = ""
+    done: bool = False
+    retracted: bool = False
+    restarted: bool = False
+    finish_reason: str | None = None
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    # (code, message) of an `error` event: the generation failed or was rejected.
+    error: tuple[str, str] | None = None
+    status: str = ""
+    # The calls the answer ended with (a `tool_calls` event), for the client to run.
+    tool_calls: list[dict[str, Any]] = field(default_factory=list)
+
+    def apply(self, event: str, data: dict[str, Any]) -> str:
+        """Take one stream event; returns the new text it adds (empty for most events)."""
+        if event == "delta" and not self.retracted:
+            text = str(data.get("text") or "")
+            self.text += text
+            return text
+        if event == "restart":
+            # The worker failed and another one starts over: what came before is void.
+            self.text = ""
+            self.tool_calls = []
+            self.restarted = True
+        elif event == "retract":
+            # Output moderation stopped the answer: its text is withdrawn.
+            self.retracted = True
+            self.text = ""
+        elif event == "tool_calls" and not self.retracted:
+            self.tool_calls = list(data.get("tool_calls") or [])
+        elif event == "error":
+            self.error = (str(data.get("code") or ""), str(data.get("message") or ""))
+        elif event == "done":
+            self.done = True
+            self.status = str(data.get("status") or "")
+            self.prompt_tokens = int(data.get("prompt_tokens") or 0)
+            self.completion_tokens = int(data.get("output_tokens") or 0)
+            reason = str(data.get("finish_reason") or "")
+            if self.retracted:
+                reason = "content_filter"
+            self.finish_reason = reason if reason in FINISH_REASONS else "stop"
+            if self.finish_reason != "tool_calls":
+                self.tool_calls = []
+            elif not self.tool_calls:
+                self.finish_reason = "stop"
+        return ""
+
+    def message(self) -> dict[str, Any]:
+        """The answer as OpenAI's assistant message: its text, or its calls (and any text
+        the model wrote before them)."""
+        message: dict[str, Any] = {"role": "assistant", "content": self.text, "refusal": None}
+        if self.tool_calls:
+            message["content"] = self.text or None
+            message["tool_calls"] = self.tool_calls
+        return message
+
+    def usage(self) -> dict[str, int]:
+        return {
+            "prompt_tokens": self.prompt_tokens,
+            "completion_tokens": self.completion_tokens,
+            "total_tokens": self.prompt_tokens + self.completion_tokens,
+        }
+
+
+def completion(*, generation_id: Any, created: int, model: str, answer: Answer) -> dict[str, Any]:
+    """The `chat.completion` of a finished answer."""
+    return {
+        "id": completion_id(generation_id),
+        "object": "chat.completion",
+        "created": created,
+        "model": model,
+        "system_fingerprint": None,
+        "choices": [
+            {
+                "index": 0,
+                "message": answer.message(),
+                "logprobs": None,
+                "finish_reason": answer.finish_reason,
+            }
+        ],
+        "usage": answer.usage(),
+    }
+
+
+@dataclass(frozen=True)
+class Chunks:
+    """Builds the `chat.completion.chunk` events of one streamed answer."""
+
+    generation_id: Any
+    created: int
+    model: str
+    include_usage: bool
+
+    def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
+        body: dict[str, Any] = {
+            "id": completion_id(self.generation_id),
+            "object": "chat.completion.chunk",
+            "created": self.created,
+            "model": self.model,
+            "system_fingerprint": None,
+            "choices": choices,
+        }
+        if self.include_usage:
+            body["usage"] = None
+        body.update(extra)
+        return sse(body)
+
+    def _choice(self, delta: dict[str, Any], finish_reason: str | None = None) -> dict[str, Any]:
+        return {"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}
+
+    def role(self) -> bytes:
+        return self._chunk([self._choice({"role": "assistant", "content": ""})])
+
+    def content(self, text: str) -> bytes:
+        return self._chunk([self._choice({"content": text})])
+
+    def tool_calls(self, calls: list[dict[str, Any]]) -> list[bytes]:
+        """The chunks of the answer's calls, as OpenAI streams them: each call's id, type
+        and name first, then its arguments."""
+        chunks = []
+        for index, call in enumerate(calls):
+            function = call.get("function") or {}
+            head = {
+                "index": index,
+                "id": call.get("id"),
+                "type": "function",
+                "function": {"name": function.get("name"), "arguments": ""},
+            }
+            body = {"index": index, "function": {"arguments": function.get("arguments") or ""}}
+            chunks.append(self._chunk([self._choice({"tool_calls": [head]})]))
+            chunks.append(self._chunk([self._choice({"tool_calls": [body]})]))
+        return chunks
+
+    def finish(self, finish_reason: str) -> bytes:
+        return self._chunk([self._choice({}, finish_reason)])
+
+    def usage(self, answer: Answer) -> bytes:
+        return self._chunk([], usage=answer.usage())
+
+
+def sse(data: dict[str, Any]) -> bytes:
+    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+
+
+DONE = b"data: [DONE]\n\n"

@@ -1,0 +1,358 @@
+"""The `/v1` views: async, for Daphne, so a streamed answer holds no thread and no database
+connection while it lasts.
+
+Authentication is the API key alone (`Authorization: Bearer csk_...`): a session cookie never
+authenticates here, so there is no CSRF to check. The request is turned into a turn by
+`conversations.turns.turn_from_messages` (the web chat's path) in one thread hop; then the
+view tails the generation's Redis Stream, as the SSE stream view does, and answers in
+OpenAI's shapes. A client that leaves before the end cancels its generation: vLLM aborts the
+request, and the usage ledger charges what was produced until then.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth.models import AnonymousUser
+from django.db import connections
+from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.views.decorators.csrf import csrf_exempt
+from redis.exceptions import RedisError
+
+from accounts.models import ApiKey
+from accounts.services import api_key_authenticate
+from billing.selectors import plan_for_user, pools_for_plan
+from chatsite.errors import ServiceError
+from conversations import turns
+from inference import queue
+from inference.models import Generation
+from inference.services import generation_cancel
+
+from . import shapes
+from .errors import OpenAIError, from_generation_error, from_service_error
+from .parsing import ChatCompletionRequest, parse_chat_completion
+from .unkept import unkept_discard, unkept_remember
+
+logger = logging.getLogger(__name__)
+
+READ_BATCH = 64
+# Background work that outlives its request (removing an unkept conversation once its
+# cancelled answer is final): referenced here so the event loop does not drop it.
+_BACKGROUND: set[asyncio.Task[None]] = set()
+
+
+async def _authenticate(request: HttpRequest) -> ApiKey:
+    scheme, _, raw_key = request.headers.get("Authorization", "").partition(" ")
+    # Whatever the session says, this API answers to keys only; the rate-limit headers
+    # then describe the key's owner.
+    request.user = AnonymousUser()
+    if scheme.lower() != "bearer" or not raw_key.strip():
+        raise OpenAIError(
+            401,
+            "You didn't provide an API key. Send it as 'Authorization: Bearer csk_...'.",
+            code="missing_api_key",
+        )
+    key = await sync_to_async(api_key_authenticate)(raw_key=raw_key.strip())
+    if key is None:
+        raise OpenAIError(401, "Incorrect or revoked API key provided.", code="invalid_api_key")
+    request.user = key.user
+    return key
+
+
+def _method_not_allowed(allowed: str) -> JsonResponse:
+    response = OpenAIError(
+        405, f"Only {allowed} is allowed here.", code="method_not_allowed"
+    ).response()
+    response["Allow"] = allowed
+    return response
+
+
+# GET /v1/models and /v1/models/<id>
+
+
+def _pools(key: ApiKey) -> list[dict[str, Any]]:
+    return [shapes.model_object(pool) for pool in pools_for_plan(plan=plan_for_user(user=key.user))]
+
+
+@csrf_exempt
+async def model_list(request: HttpRequest) -> HttpResponse:
+    """The models the key's plan may use."""
+    if request.method != "GET":
+        return _method_not_allowed("GET")
+    try:
+        key = await _authenticate(request)
+    except OpenAIError as exc:
+        return exc.response()
+    data = await sync_to_async(_pools)(key)
+    return JsonResponse({"object": "list", "data": data})
+
+
+@csrf_exempt
+async def model_detail(request: HttpRequest, model_id: str) -> HttpResponse:
+    """One model, if the key's plan may use it; 404 otherwise, as for a model never served."""
+    if request.method != "GET":
+        return _method_not_allowed("GET")
+    try:
+        key = await _authenticate(request)
+    except OpenAIError as exc:
+        return exc.response()
+    for entry in await sync_to_async(_pools)(key):
+        if entry["id"] == model_id:
+            return JsonResponse(entry)
+    return OpenAIError(
+        404,
+        f"The model {model_id!r} does not exist or you do not have access to it.",
+        param="model",
+        code="model_not_found",
+    ).response()
+
+
+# POST /v1/chat/completions
+
+
+@dataclass(frozen=True)
+class _Started:
+    """A queued answer and what the view needs to follow it."""
+
+    generation: Generation
+    conversation_id: Any
+    model: str
+    created: int
+    keep: bool
+
+
+def _start(key: ApiKey, wanted: ChatCompletionRequest, idempotency_key: str | None) -> _Started:
+    turn = turns.turn_from_messages(
+        user=key.user,
+        model=wanted.model,
+        system_prompt=wanted.system_prompt,
+        messages=wanted.messages,
+        max_tokens=wanted.max_tokens,
+        params=wanted.sampling,
+        tools=wanted.tools,
+        tool_choice=wanted.tool_choice,
+        idempotency_key=idempotency_key,
+    )
+    if not key.store_conversations and not turn.replayed:
+        unkept_remember(conversation_id=turn.conversation.pk)
+    generation = turn.generation
+    started = _Started(
+        generation=generation,
+        conversation_id=turn.conversation.pk,
+        model=generation.pool.name,
+        created=int(generation.enqueued_at.timestamp()),
+        keep=key.store_conversations,
+    )
+    # The answer may take minutes: the connection this request opened must not wait with it.
+    connections.close_all()
+    return started
+
+
+@csrf_exempt
+async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
+    """Answer a chat, whole (`chat.completion`) or streamed (`chat.completion.chunk`s)."""
+    if request.method != "POST":
+        return _method_not_allowed("POST")
+    try:
+        key = await _authenticate(request)
+        wanted = parse_chat_completion(request.body)
+        started = await sync_to_async(_start)(key, wanted, request.headers.get("Idempotency-Key"))
+    except OpenAIError as exc:
+        return exc.response()
+    except ServiceError as exc:
+        return from_service_error(exc).response()
+
+    redis = queue.async_redis(socket_timeout=settings.STREAM_HEARTBEAT_SECONDS + 10)
+    if wanted.stream:
+        response: HttpResponse | StreamingHttpResponse = StreamingHttpResponse(
+            _streamed(redis, started, wanted), content_type="text/event-stream"
+        )
+        response["Cache-Control"] = "no-cache"
+        response["X-Accel-Buffering"] = "no"
+    else:
+        response = await _whole(redis, started)
+    response["x-request-id"] = shapes.completion_id(started.generation.pk)
+    if started.keep:
+        response["x-chatsite-conversation-id"] = str(started.conversation_id)
+    return response
+
+
+async def _events(
+    redis: Any, generation_id: str
+) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
+    """The generation's stream events from the first, then live; ("heartbeat", {}) while
+    nothing happens for a heartbeat period."""
+    stream = queue.stream_key(generation_id)
+    last_id = "0-0"
+    block_ms = settings.STREAM_HEARTBEAT_SECONDS * 1000
+    while True:
+        batches = await redis.xread({stream: last_id}, count=READ_BATCH, block=block_ms)
+        if not batches:
+            yield "heartbeat", {}
+            continue
+        for entry_id, fields in batches[0][1]:
+            last_id = entry_id
+            yield fields.get("event", "message"), json.loads(fields.get("data") or "{}")
+
+
+def _failure(answer: shapes.Answer) -> OpenAIError | None:
+    """The error a finished answer ends in, if it ended in one."""
+    if answer.error is not None:
+        return from_generation_error(*answer.error)
+    if answer.status == "cancelled" and not answer.retracted:
+        return OpenAIError(500, "The answer was cancelled.", code="generation_cancelled")
+    return None
+
+
+async def _whole(redis: Any, started: _Started) -> HttpResponse:
+    answer = shapes.Answer()
+    try:
+        async with contextlib.aclosing(_events(redis, str(started.generation.pk))) as events:
+            async for event, data in events:
+                answer.apply(event, data)
+                if answer.done:
+                    break
+    except RedisError:
+        logger.warning("generation %s: Redis failed", started.generation.pk, exc_info=True)
+    finally:
+        await asyncio.shield(_after(redis, started, finished=answer.done))
+    if not answer.done:
+        return OpenAIError(
+            503, "The service lost track of the answer; try again.", code="stream_lost"
+        ).response()
+    failure = _failure(answer)
+    if failure is not None:
+        return failure.response()
+    return JsonResponse(
+        shapes.completion(
+            generation_id=started.generation.pk,
+            created=started.created,
+            model=started.model,
+            answer=answer,
+        )
+    )
+
+
+async def _streamed(
+    redis: Any, started: _Started, wanted: ChatCompletionRequest
+) -> AsyncIterator[bytes]:
+    chunks = shapes.Chunks(
+        generation_id=started.generation.pk,
+        created=started.created,
+        model=started.model,
+        include_usage=wanted.include_usage,
+    )
+    answer = shapes.Answer()
+    sent = closed = False
+    try:
+        yield chunks.role()
+        async with contextlib.aclosing(_events(redis, str(started.generation.pk))) as events:
+            async for event, data in events:
+                if event == "heartbeat":
+                    yield b": keep-alive\n\n"
+                    continue
+                if event == "restart" and sent:
+                    # The text already sent cannot be taken back: end with an error rather
+                    # than splice a second answer onto the first (the generation is then
+                    # cancelled as for a client that left).
+                    yield shapes.sse(
+                        OpenAIError(
+                            500,
+                            "The model worker failed mid-answer; try again.",
+                            code="worker_restarted",
+                        ).body()
+                    )
+                    return
+                text = answer.apply(event, data)
+                if text:
+                    sent = True
+                    yield chunks.content(text)
+                if answer.done:
+                    break
+        if not answer.done:
+            return
+        # Tidy up before the last event: a client that has read `[DONE]` finds an unkept
+        # conversation already gone.
+        closed = True
+        await asyncio.shield(_after(redis, started, finished=True))
+        failure = _failure(answer)
+        if failure is not None:
+            yield shapes.sse(failure.body())
+            return
+        # The scheduler hands the calls over just before the end: sent whole, at the end,
+        # so that calls withdrawn by moderation never reach the client.
+        for chunk in chunks.tool_calls(answer.tool_calls):
+            yield chunk
+        yield chunks.finish(answer.finish_reason or "stop")
+        if wanted.include_usage:
+            yield chunks.usage(answer)
+        yield shapes.DONE
+    except RedisError:
+        logger.warning("generation %s: Redis failed", started.generation.pk, exc_info=True)
+    finally:
+        if not closed:
+            await asyncio.shield(_after(redis, started, finished=answer.done))
+
+
+async def _after(redis: Any, started: _Started, *, finished: bool) -> None:
+    """The request is over: cancel an answer nobody waits for any more, and remove an unkept
+    conversation once its answer is final."""
+    try:
+        if not finished:
+            await sync_to_async(_cancel)(started.generation)
+        if not started.keep:
+            if finished:
+                await sync_to_async(_discard)(started.conversation_id)
+            else:
+                _spawn(_discard_when_final(started))
+    except Exception:
+        logger.exception("could not close generation %s", started.generation.pk)
+    finally:
+        await redis.aclose()
+
+
+def _cancel(generation: Generation) -> None:
+    try:
+        generation_cancel(generation=generation)
+    finally:
+        connections.close_all()
+
+
+def _discard(conversation_id: Any) -> bool:
+    try:
+        return unkept_discard(conversation_id=conversation_id)
+    finally:
+        connections.close_all()
+
+
+async def _discard_when_final(started: _Started) -> None:
+    """Wait (a while) for the cancelled answer to be final, then remove its conversation;
+    the sweeper removes it later if this gives up."""
+    redis = queue.async_redis(socket_timeout=settings.STREAM_HEARTBEAT_SECONDS + 10)
+    try:
+        async with asyncio.timeout(settings.OPENAI_API_CANCEL_WAIT_SECONDS):
+            async with contextlib.aclosing(_events(redis, str(started.generation.pk))) as events:
+                async for event, _ in events:
+                    if event == "done":
+                        break
+        await sync_to_async(_discard)(started.conversation_id)
+    except TimeoutError:
+        logger.info("generation %s still running; the sweeper removes it", started.generation.pk)
+    except Exception:
+        logger.exception("could not remove conversation %s", started.conversation_id)
+    finally:
+        await redis.aclose()
+
+
+def _spawn(coroutine: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.get_running_loop().create_task(coroutine)
+    _BACKGROUND.add(task)
+    task.add_done_callback(_BACKGROUND.discard)
