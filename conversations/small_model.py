@@ -1,0 +1,113 @@
+"""Short internal completions (titles, summaries), asked of a pool's workers directly.
+
+Why not through the scheduler: a `Generation` is an assistant message of the tree, charged to
+the user's plan and streamed to their tabs; a title or a summary is none of these. Queued as
+generations they would need a message that is not in the tree, a reservation nobody pays
+for, and a stream nobody reads. So a Celery task calls a worker itself, and stays fair by:
+
+- vLLM priority `settings.BACKGROUND_LLM_PRIORITY`, below every tier's, so the worker's own
+  scheduler runs users' answers first whenever both wait for the same batch;
+- small, bounded work: a title is once per conversation and a few tokens; a summary is a few
+  hundred tokens once per many turns (`settings.SUMMARY_TAIL_PERCENT`);
+- the worker that holds the conversation's prefix (the scheduler's affinity key) when it is
+  not much busier than the least loaded one, else the least loaded, by the load reading the
+  scheduler last stored; a worker being drained or down is never asked;
+- a hard timeout (`settings.BACKGROUND_LLM_TIMEOUT_SECONDS`); a fault raises `WorkerFault`
+  and the task retries with backoff.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from typing import Any
+
+from django.conf import settings
+
+from inference import queue
+from inference.client import WorkerFault, get_client
+from inference.models import ModelPool, Worker
+
+logger = logging.getLogger(__name__)
+
+# Try at most this many workers of the pool before giving the fault to Celery's retry.
+MAX_WORKERS_TRIED = 2
+
+
+def pool_for_background(*, setting: str, conversation_model: str) -> ModelPool:
+    """The pool named by `setting` (TITLE_MODEL, SUMMARY_MODEL) or else the conversation's."""
+    name = getattr(settings, setting) or conversation_model
+    pool = ModelPool.objects.filter(name=name, is_active=True).first()
+    if pool is None:
+        raise WorkerFault("no_pool", f"no active pool named {name!r}")
+    return pool
+
+
+def _workers_by_preference(pool: ModelPool, conversation_id: Any) -> list[Worker]:
+    workers = list(Worker.objects.filter(pool=pool, state=Worker.State.HEALTHY))
+    if not workers:
+        return []
+    redis = queue.sync_redis()
+    try:
+        busy: dict[int, float] = {}
+        for worker in workers:
+            load = redis.hgetall(queue.metrics_key(worker.pk))
+            busy[worker.pk] = float(load.get("running", 0)) + float(load.get("waiting", 0))
+        sticky = redis.get(queue.affinity_key(conversation_id)) if conversation_id else None
+    finally:
+        redis.close()
+    by_load = sorted(workers, key=lambda w: (busy[w.pk], w.pk))
+    for worker in by_load:
+        if str(worker.pk) == sticky and (
+            busy[worker.pk] <= busy[by_load[0].pk] + settings.SCHEDULER_AFFINITY_SLACK
+        ):
+            return [worker, *(w for w in by_load if w is not worker)]
+    return by_load
+
+
+async def _ask(worker: Worker, pool: ModelPool, messages: list[dict[str, Any]], **kw: Any) -> str:
+    client = get_client()
+    text = ""
+    try:
+        async with asyncio.timeout(settings.BACKGROUND_LLM_TIMEOUT_SECONDS):
+            async for chunk in client.stream_chat(
+                base_url=worker.url,
+                model=pool.served_model,
+                messages=messages,
+                priority=settings.BACKGROUND_LLM_PRIORITY,
+                request_id=f"bg-{uuid.uuid4()}",
+                **kw,
+            ):
+                text += chunk.text
+    except TimeoutError as exc:
+        raise WorkerFault("worker_stalled", "the background completion timed out") from exc
+    finally:
+        await client.aclose()
+    return text
+
+
+def complete(
+    *,
+    pool: ModelPool,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    conversation_id: Any = None,
+) -> str:
+    """The text a worker of `pool` answers to `messages` (at most `max_tokens`)."""
+    workers = _workers_by_preference(pool, conversation_id)
+    if not workers:
+        raise WorkerFault("no_worker", f"pool {pool.name!r} has no healthy worker")
+    tried = workers[:MAX_WORKERS_TRIED]
+    for worker in tried[:-1]:
+        try:
+            return _run(worker, pool, messages, max_tokens)
+        except WorkerFault as exc:
+            logger.warning("background completion on %s failed: %s", worker.name, exc.message)
+    return _run(tried[-1], pool, messages, max_tokens)
+
+
+def _run(worker: Worker, pool: ModelPool, messages: list[dict[str, Any]], max_tokens: int) -> str:
+    return asyncio.run(
+        _ask(worker, pool, messages, max_tokens=max_tokens, params={"temperature": 0.2})
+    )

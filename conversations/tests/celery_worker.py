@@ -1,0 +1,79 @@
+"""A real Celery worker for the tests: the project's app, a real Redis broker, the test database.
+
+The worker runs in a thread of the test process (`celery.contrib.testing.worker.start_worker`,
+solo pool), so it sees the test database and the settings a test changes. Its broker is a
+Redis database of its own: the suite flushes REDIS_URL's database before every test, which
+would take kombu's queue bindings with it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import pytest
+from celery.contrib.testing.worker import start_worker
+from celery.signals import task_postrun
+from django.conf import settings
+from django.db import connections
+
+from chatsite.celery import app
+
+
+def broker_url_for_tests() -> str:
+    """CELERY_BROKER_URL if it is not REDIS_URL's database, else the next database number."""
+    if settings.CELERY_BROKER_URL.rstrip("/") != settings.REDIS_URL.rstrip("/"):
+        return str(settings.CELERY_BROKER_URL)
+    parts = urlsplit(settings.REDIS_URL)
+    db = int(parts.path.strip("/") or 0)
+    return urlunsplit(parts._replace(path=f"/{(db + 1) % 16}"))
+
+
+def _use_broker(url: str) -> None:
+    app.conf.broker_url = url
+    app.conf.result_backend = url
+    # The app keeps its broker connections and producers: start new ones on the new URL.
+    app._after_fork()
+
+
+def _close_connections(**_: Any) -> None:
+    # Runs in the worker's thread after each task: the test database must not see an
+    # idle connection left open when it is flushed or dropped.
+    connections.close_all()
+
+
+@pytest.fixture(scope="module")
+def live_celery_worker(django_db_setup: Any, django_db_blocker: Any) -> Iterator[Any]:
+    """A worker consuming the project's tasks for every test of the module.
+
+    Tests that use it need `django_db(transaction=True)`: the worker reads only what the
+    test committed.
+    """
+    previous = (app.conf.broker_url, app.conf.result_backend)
+    _use_broker(broker_url_for_tests())
+    app.control.purge()  # tasks other tests queued with no worker running
+    task_postrun.connect(_close_connections, weak=False)
+    with (
+        django_db_blocker.unblock(),
+        start_worker(
+            app, pool="solo", concurrency=1, perform_ping_check=False, shutdown_timeout=30
+        ) as worker,
+    ):
+        yield worker
+    task_postrun.disconnect(_close_connections)
+    app.conf.broker_url, app.conf.result_backend = previous
+    app._after_fork()
+
+
+def wait_until(condition: Callable[[], Any], *, within: float = 20.0) -> Any:
+    """Poll `condition` until it returns something truthy; fail after `within` seconds."""
+    deadline = time.monotonic() + within
+    while True:
+        result = condition()
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"condition not met within {within} s")
+        time.sleep(0.1)
