@@ -29,10 +29,14 @@ help:
 	@echo "make test   lint, types and the whole suite against real Postgres, Redis and vLLM"
 	@echo "make lint   ruff and mypy only"
 
-$(VENV)/.installed: requirements.txt requirements-dev.txt
+EXAMPLE_PLUGIN := examples/chatsite-example-plugin
+
+$(VENV)/.installed: requirements.txt requirements-dev.txt $(EXAMPLE_PLUGIN)/pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -r requirements-dev.txt
+	# The example plugin, registered by its entry point; the suite runs its tests.
+	$(PY) -m pip install --quiet --no-build-isolation -e $(EXAMPLE_PLUGIN)
 	touch $@
 
 .PHONY: venv

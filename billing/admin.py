@@ -72,6 +72,7 @@ class PlanAdmin(admin.ModelAdmin[Plan]):
                 "with its own cap; with none listed, the plan may use every pool of its tier.",
             },
         ),
+        ("History", {"fields": ["history_retention_days"]}),
     ]
 
     @admin.display(description="Monthly price", ordering="monthly_price_micros")

@@ -63,6 +63,12 @@ class Plan(models.Model):
     is_default = models.BooleanField(
         default=False, help_text="The plan of every user without a subscription (exactly one)."
     )
+    history_retention_days = models.PositiveIntegerField(
+        null=True,
+        blank=True,
+        validators=[MinValueValidator(1)],
+        help_text="Conversations idle longer than this many days are deleted; empty: kept.",
+    )
     created_at = models.DateTimeField(auto_now_add=True)
     updated_at = models.DateTimeField(auto_now=True)
 

@@ -300,3 +300,124 @@ CELERY_BEAT_SCHEDULE["billing-close-statements"] = {
     "task": "billing.tasks.close_statements",
     "schedule": 3600.0,
 }
+
+# Plugins (plugins/): tools from the built-in modules below and from packages that register
+# the entry point group `chatsite.plugins`; staff enable them per plan in admin.
+PLUGINS_BUILTIN = env_list(
+    "PLUGINS_BUILTIN",
+    [
+        "plugins.builtin.calculator:plugin",
+        "plugins.builtin.clock:plugin",
+        "plugins.builtin.url_fetch:plugin",
+        "plugins.builtin.conversation_search:plugin",
+    ],
+)
+# Encrypts plugin and MCP server secrets at rest (any string; hashed into a Fernet key).
+# Empty: derived from SECRET_KEY, so rotating SECRET_KEY then needs the secrets entered again.
+PLUGINS_ENCRYPTION_KEY = os.environ.get("PLUGINS_ENCRYPTION_KEY", "")
+# A tool call running longer is abandoned with `timeout`; a result longer is `too_large`.
+PLUGINS_TOOL_TIMEOUT_SECONDS = env_int("PLUGINS_TOOL_TIMEOUT_SECONDS", 10)
+PLUGINS_RESULT_MAX_CHARS = env_int("PLUGINS_RESULT_MAX_CHARS", 16000)
+# Tool calls running at once in one process (hung ones included); beyond, `unavailable`.
+PLUGINS_MAX_RUNNING = env_int("PLUGINS_MAX_RUNNING", 32)
+# Whether a conversation offers its plan's tools until the user switches them off. Off by
+# default: tool schemas cost prompt tokens on every turn, and a small model calls tools it
+# need not; the user switches the tools they want on in the chat's Tools menu.
+PLUGINS_TOOLS_ON_BY_DEFAULT = env_bool("PLUGINS_TOOLS_ON_BY_DEFAULT", False)
+
+# Background work of conversations (conversations/tasks.py): titles, rolling summaries and
+# history retention. The scheduler below seeds CELERY_BEAT_SCHEDULE into the database once;
+# from then on staff edit the periodic tasks in admin and a restart never overwrites them.
+CELERY_BEAT_SCHEDULER = "chatsite.beat.SeedOnceDatabaseScheduler"
+CELERY_BEAT_SCHEDULE["conversations-purge-expired"] = {
+    "task": "conversations.tasks.purge_expired_conversations",
+    "schedule": 3600.0,
+}
+# Titles and summaries are asked of a pool's workers directly, at this vLLM priority (lower
+# runs first; above every tier's, so users' answers go first), within this many seconds.
+BACKGROUND_LLM_PRIORITY = env_int("BACKGROUND_LLM_PRIORITY", 20)
+BACKGROUND_LLM_TIMEOUT_SECONDS = env_int("BACKGROUND_LLM_TIMEOUT_SECONDS", 60)
+# The pool that writes titles and summaries; empty: the conversation's own pool.
+TITLE_MODEL = os.environ.get("TITLE_MODEL", "")
+SUMMARY_MODEL = os.environ.get("SUMMARY_MODEL", "")
+TITLE_MAX_TOKENS = env_int("TITLE_MAX_TOKENS", 24)
+AUTO_TITLE_MAX_CHARS = env_int("AUTO_TITLE_MAX_CHARS", 60)
+SUMMARY_MAX_TOKENS = env_int("SUMMARY_MAX_TOKENS", 256)
+# Right after a (re-)summary, the turns kept verbatim fill at most this share of the context
+# budget; the rest is room for new turns, so the next summary waits until they overflow it
+# again and the prompt's prefix (system, first message, summary) stays cached meanwhile.
+SUMMARY_TAIL_PERCENT = env_int("SUMMARY_TAIL_PERCENT", 50)
+# Per-user event stream (titles, deletions) for open pages: entries kept, and for how long.
+USER_EVENTS_MAXLEN = env_int("USER_EVENTS_MAXLEN", 200)
+USER_EVENTS_TTL_SECONDS = env_int("USER_EVENTS_TTL_SECONDS", 24 * 3600)
+# Conversations purged per plan per run of the retention task (the rest wait for the next).
+RETENTION_PURGE_BATCH = env_int("RETENTION_PURGE_BATCH", 500)
+
+# Shipped plugins (plugins/builtin/). url_fetch never reaches loopback, private, link-local or
+# metadata addresses; the only way past its guard is this list of exact "address:port" pairs
+# (empty by default; the tests name their own local server here).
+PLUGINS_URL_FETCH_ALLOWED_ADDRESSES = env_list("PLUGINS_URL_FETCH_ALLOWED_ADDRESSES", [])
+# conversation_search: messages of the caller embedded at query time when not yet indexed,
+# and the most recent indexed messages a query compares against.
+PLUGINS_SEARCH_LAZY_INDEX_LIMIT = env_int("PLUGINS_SEARCH_LAZY_INDEX_LIMIT", 64)
+PLUGINS_SEARCH_MAX_CANDIDATES = env_int("PLUGINS_SEARCH_MAX_CANDIDATES", 20000)
+
+# The tool loop (inference/scheduler.py): tool rounds one answer may make; past the cap the
+# model is asked once more with tool_choice "none" and must answer from what it has.
+TOOL_LOOP_MAX_ROUNDS = env_int("TOOL_LOOP_MAX_ROUNDS", 4)
+
+# The OpenAI-compatible API (/v1, conversations/openai_api/). After a client leaves a streamed
+# answer, how long the edge waits for its cancellation to land before it removes an unkept
+# conversation; the sweeper removes those left behind once they are this old.
+OPENAI_API_CANCEL_WAIT_SECONDS = env_int("OPENAI_API_CANCEL_WAIT_SECONDS", 60)
+OPENAI_API_UNKEPT_SWEEP_AFTER_SECONDS = env_int("OPENAI_API_UNKEPT_SWEEP_AFTER_SECONDS", 300)
+CELERY_IMPORTS = ["conversations.openai_api.tasks"]
+CELERY_BEAT_SCHEDULE["openai-api-sweep-unkept"] = {
+    "task": "conversations.openai_api.tasks.sweep_unkept_conversations",
+    "schedule": 60.0,
+}
+
+# Moderation (moderation/): classifiers chained by dotted path (a category's score is the
+# highest any of them gives), per-category thresholds (staff override them in admin), the
+# rolling window on streamed answers, and the strikes policy.
+MODERATION_BACKENDS = env_list(
+    "MODERATION_BACKENDS", ["moderation.classifiers.local.LocalClassifier"]
+)
+MODERATION_INPUT_ENABLED = env_bool("MODERATION_INPUT_ENABLED", True)
+MODERATION_OUTPUT_ENABLED = env_bool("MODERATION_OUTPUT_ENABLED", True)
+# A backend that fails (unreachable, garbage): closed refuses the text (503
+# moderation_unavailable on input, a withheld answer on output); open lets it through on the
+# other backends' word. Either way the failure is logged.
+MODERATION_FAIL_CLOSED = env_bool("MODERATION_FAIL_CLOSED", False)
+# {category: {"block": score or None, "review": score or None}}; "default" for the rest.
+# Casual swearing is not blocked; profanity aimed at someone scores as harassment.
+MODERATION_THRESHOLDS: dict[str, dict[str, float | None]] = {
+    "default": {"block": 0.8, "review": 0.5},
+    "profanity": {"block": None, "review": None},
+    "harassment": {"block": 0.8, "review": 0.7},
+}
+MODERATION_POLICY_CACHE_SECONDS = env_int("MODERATION_POLICY_CACHE_SECONDS", 30)
+MODERATION_BUILTIN_RULES = env_bool("MODERATION_BUILTIN_RULES", True)
+# Extra rules: [{"category": "S2", "kind": "term" | "regex", "pattern": "...", "score": 1.0}].
+MODERATION_RULES: list[dict[str, object]] = []
+# Streamed answers are checked on a window of about this many tokens (4 characters each),
+# overlapping the previous window by this many, and once more whole at the end.
+MODERATION_WINDOW_TOKENS = env_int("MODERATION_WINDOW_TOKENS", 200)
+MODERATION_WINDOW_OVERLAP_TOKENS = env_int("MODERATION_WINDOW_OVERLAP_TOKENS", 50)
+MODERATION_RETRACT_NOTICE = os.environ.get(
+    "MODERATION_RETRACT_NOTICE", "This answer was withdrawn because it broke the content policy."
+)
+# Strikes: this many confirmed flags within the window suspend the account automatically.
+MODERATION_STRIKES_COUNT = env_int("MODERATION_STRIKES_COUNT", 3)
+MODERATION_STRIKES_WINDOW_DAYS = env_int("MODERATION_STRIKES_WINDOW_DAYS", 30)
+MODERATION_STRIKES_SUSPEND_HOURS = env_int("MODERATION_STRIKES_SUSPEND_HOURS", 24)
+# Suspension lengths offered to staff in the review queue.
+MODERATION_SUSPEND_HOURS_CHOICES = [24, 24 * 7, 24 * 30]
+# Llama Guard backend: a model pool of our own (vLLM workers registered in admin).
+MODERATION_LLAMA_GUARD_POOL = os.environ.get("MODERATION_LLAMA_GUARD_POOL", "llama-guard")
+MODERATION_LLAMA_GUARD_TIMEOUT_SECONDS = env_int("MODERATION_LLAMA_GUARD_TIMEOUT_SECONDS", 10)
+# OpenAI-format moderation API backend.
+MODERATION_OPENAI_URL = os.environ.get("MODERATION_OPENAI_URL", "https://api.openai.com/v1")
+MODERATION_OPENAI_API_KEY = os.environ.get("MODERATION_OPENAI_API_KEY", "")
+MODERATION_OPENAI_MODEL = os.environ.get("MODERATION_OPENAI_MODEL", "omni-moderation-latest")
+MODERATION_OPENAI_TIMEOUT_SECONDS = env_int("MODERATION_OPENAI_TIMEOUT_SECONDS", 10)

@@ -1,4 +1,5 @@
-"""Top-level routes: pages, the JSON API under /api/v1/, its schema, and the admin."""
+"""Top-level routes: pages, the JSON API under /api/v1/, its schema, the OpenAI-compatible
+API under /v1/, and the admin."""
 
 from django.contrib import admin
 from django.urls import include, path
@@ -9,6 +10,7 @@ urlpatterns = [
     path("accounts/", include("accounts.urls")),
     path("billing/", include("billing.urls")),
     path("api/v1/", include("chatsite.api.urls")),
+    path("v1/", include("conversations.openai_api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("conversations.urls")),

@@ -5,6 +5,11 @@ light enough for the web process). The system prompt and the newest user message
 kept; older turns are dropped oldest first. What is kept is a suffix of the branch, so each
 turn's prompt extends the last one and the prefix a worker cached stays valid until the
 window has to slide.
+
+Once a rolling summary of the branch exists (conversations/summaries.py), the prompt is the
+system prompt, the first user message, the summary, then the newest turns verbatim: the
+summary stands for the turns it covers, and the prefix stays the same until those newest
+turns overflow again and a new summary is written.
 """
 
 from __future__ import annotations
@@ -13,13 +18,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
+from uuid import UUID
 
 from tokenizers import Tokenizer
 
 from chatsite.errors import ServiceError
 
 from .errors import ErrorCode
-from .models import Message
+from .models import BranchSummary, Message
 
 # Tokens the chat template adds around each message (`<|im_start|>role\n ... <|im_end|>\n`).
 MESSAGE_OVERHEAD_TOKENS = 5
@@ -49,9 +56,12 @@ def count_tokens(tokenizer: Tokenizer, text: str) -> int:
 class AssembledContext:
     """The messages to send, and how many tokens they take."""
 
-    messages: list[dict[str, str]]
+    messages: list[dict[str, Any]]
     prompt_tokens: int
+    # Turns sent neither verbatim nor through the summary: a new summary is due.
     dropped_messages: int
+    summary_id: UUID | None = None
+    summarised_messages: int = 0
 
 
 def message_tokens(tokenizer: Tokenizer, message: Message) -> int:
@@ -62,18 +72,31 @@ def message_tokens(tokenizer: Tokenizer, message: Message) -> int:
     return message.content_tokens
 
 
+def summary_note(summary: BranchSummary) -> str:
+    return f"Summary of the earlier conversation:\n{summary.content}"
+
+
 def assemble_context(
-    *, branch: Sequence[Message], tokenizer: Tokenizer, budget_tokens: int
+    *,
+    branch: Sequence[Message],
+    tokenizer: Tokenizer,
+    budget_tokens: int,
+    summary: BranchSummary | None = None,
 ) -> AssembledContext:
-    """Fit `branch` (root first, ending with the new user message) into `budget_tokens`.
+    """Fit `branch` (root first, ending with the new user message, or with the result of a
+    `/v1` client's tool call) into `budget_tokens`.
 
     Failed, blocked or unfinished answers are left out, and so is the user turn they
     answered, unless it is the newest one: the model sees only turns that completed.
+    `summary` (one whose `through_message` is on `branch`) replaces the turns it covers,
+    after the first user message, when it fits; one from another branch is ignored.
     """
-    if not branch or branch[-1].role != Message.Role.USER:
-        raise ValueError("a branch to answer ends with a user message")
+    if not branch or branch[-1].role not in (Message.Role.USER, Message.Role.TOOL):
+        raise ValueError("a branch to answer ends with a user message or a tool result")
 
     root, *turns = branch
+    depth = {message.pk: index for index, message in enumerate(branch)}
+    covered_through = depth.get(summary.through_message_id) if summary is not None else None
     turns = _answered_turns(turns)
     newest = turns[-1]
 
@@ -88,9 +111,26 @@ def assemble_context(
             detail={"tokens": fixed, "budget": budget_tokens},
         )
 
+    head: list[Message] = [root] if has_system else []
+    note: dict[str, str] | None = None
+    older = turns[:-1]
+    summarised = 0
+    if summary is not None and covered_through is not None:
+        covered = [m for m in older if depth[m.pk] <= covered_through]
+        first = covered[:1] if covered and covered[0].role == Message.Role.USER else []
+        note_text = summary_note(summary)
+        cost = count_tokens(tokenizer, note_text) + MESSAGE_OVERHEAD_TOKENS
+        cost += sum(message_tokens(tokenizer, m) + MESSAGE_OVERHEAD_TOKENS for m in first)
+        if fixed + cost <= budget_tokens:
+            fixed += cost
+            head += first
+            note = {"role": "system", "content": note_text}
+            older = [m for m in older if depth[m.pk] > covered_through]
+            summarised = len(covered)
+
     kept: list[Message] = []
     used = fixed
-    for message in reversed(turns[:-1]):
+    for message in reversed(older):
         cost = message_tokens(tokenizer, message) + MESSAGE_OVERHEAD_TOKENS
         if used + cost > budget_tokens:
             break
@@ -102,12 +142,27 @@ def assemble_context(
         used -= message_tokens(tokenizer, kept[0]) + MESSAGE_OVERHEAD_TOKENS
         kept.pop(0)
 
-    selected = ([root] if has_system else []) + kept + [newest]
+    selected = head + kept + [newest]
+    messages = [message_dict(m) for m in selected]
+    if note is not None:
+        messages.insert(len(head), note)
     return AssembledContext(
-        messages=[{"role": m.role, "content": m.content} for m in selected],
+        messages=messages,
         prompt_tokens=used,
-        dropped_messages=len(turns) - 1 - len(kept),
+        dropped_messages=len(older) - len(kept),
+        summary_id=summary.pk if note is not None and summary is not None else None,
+        summarised_messages=summarised,
     )
+
+
+def message_dict(message: Message) -> dict[str, Any]:
+    """A message as the worker's chat API takes it, tool calls and results included."""
+    data: dict[str, Any] = {"role": message.role, "content": message.content}
+    if message.role == Message.Role.ASSISTANT and message.metadata.get("tool_calls"):
+        data["tool_calls"] = message.metadata["tool_calls"]
+    elif message.role == Message.Role.TOOL:
+        data["tool_call_id"] = message.metadata.get("tool_call_id", "")
+    return data
 
 
 def _answered_turns(turns: list[Message]) -> list[Message]:
@@ -115,10 +170,15 @@ def _answered_turns(turns: list[Message]) -> list[Message]:
     for index, message in enumerate(turns):
         is_newest = index == len(turns) - 1
         if message.role == Message.Role.ASSISTANT:
-            if message.status in _INCLUDED_ASSISTANT_STATUSES and message.content:
+            usable = message.content or message.metadata.get("tool_calls")
+            if message.status in _INCLUDED_ASSISTANT_STATUSES and usable:
                 kept.append(message)
-            elif kept and kept[-1].role == Message.Role.USER:
-                kept.pop()  # the question that got no usable answer
-        elif message.role == Message.Role.USER or is_newest:
+            elif kept and kept[-1].role != Message.Role.SYSTEM:
+                # The question that got no usable answer goes, with the tool rounds of it.
+                while kept and kept[-1].role in (Message.Role.ASSISTANT, Message.Role.TOOL):
+                    kept.pop()
+                if kept and kept[-1].role == Message.Role.USER:
+                    kept.pop()
+        elif message.role in (Message.Role.USER, Message.Role.TOOL) or is_newest:
             kept.append(message)
     return kept

@@ -122,3 +122,37 @@ class Message(models.Model):
     @property
     def is_final(self) -> bool:
         return self.status in self.FINAL_STATUSES
+
+
+class BranchSummary(models.Model):
+    """A rolling summary of a branch's older turns, up to and including `through_message`.
+
+    It belongs to the branch through that message: context assembly uses it only while
+    `through_message` is an ancestor of the message being answered, so an edit that forks
+    earlier never sees a summary of turns that are not on its branch.
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="summaries"
+    )
+    through_message = models.OneToOneField(
+        Message,
+        on_delete=models.CASCADE,
+        related_name="summary",
+        help_text="The last message the summary covers (an answer ending a turn).",
+    )
+    content = models.TextField()
+    tokens = models.PositiveIntegerField(help_text="Tokens of `content` under the model.")
+    covered_messages = models.PositiveIntegerField(
+        help_text="Messages of the branch the summary stands for."
+    )
+    model = models.CharField(max_length=100, help_text="The pool that wrote it.")
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["-created_at"]
+        verbose_name_plural = "branch summaries"
+
+    def __str__(self) -> str:
+        return f"Summary through {self.through_message_id}"

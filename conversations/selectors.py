@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
@@ -68,6 +69,20 @@ def message_for_user(
     if message is None:
         raise NotFound("Message not found.")
     return message
+
+
+def message_visible_content(*, message: Message) -> str:
+    """The text the owner may see: an answer moderation withheld keeps its text for staff
+    review only (admin), never for the owner's API or page."""
+    return "" if message.status == Message.Status.BLOCKED else message.content
+
+
+def message_notice(*, message: Message) -> str | None:
+    """What the owner sees in place of a withheld answer's text; None for the others."""
+    if message.status != Message.Status.BLOCKED:
+        return None
+    notice: str = settings.MODERATION_RETRACT_NOTICE
+    return notice
 
 
 @dataclass(frozen=True)

@@ -10,10 +10,12 @@ from __future__ import annotations
 
 import itertools
 import uuid
+from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import ProtectedError, RestrictedError
 from django.utils import timezone
 
 from chatsite.errors import ServiceError
@@ -229,9 +231,18 @@ def message_regenerate(*, message: Message) -> Message:
     with transaction.atomic():
         _lock(conversation)
         _check_idle(conversation)
-        placeholder = _add_assistant_placeholder(conversation, _parent_of(message))
+        placeholder = _add_assistant_placeholder(conversation, _question_of(message))
         _show_leaf(conversation, placeholder, new_activity=True)
     return placeholder
+
+
+def _question_of(answer: Message) -> Message:
+    """The message an answer replies to, above the tool rounds it made (the tool loop puts
+    its calls and results between the question and the answer)."""
+    parent = _parent_of(answer)
+    while parent.role in (Message.Role.TOOL, Message.Role.ASSISTANT) and parent.parent:
+        parent = parent.parent
+    return parent
 
 
 def _last_viewed_leaf(message: Message) -> Message:
@@ -308,3 +319,81 @@ def conversation_delete(*, conversation: Conversation) -> None:
             ]
         )
         Message.objects.filter(conversation=conversation).delete()
+
+
+# A turn of a branch written whole: (role, content), or (role, content, metadata) where
+# metadata holds an assistant's `tool_calls` or a tool message's `tool_call_id` and `name`.
+BranchTurn = tuple[str, str] | tuple[str, str, dict[str, Any]]
+_BRANCH_ROLES = (Message.Role.USER, Message.Role.ASSISTANT, Message.Role.TOOL)
+
+
+def conversation_write_branch(
+    *, conversation: Conversation, messages: Sequence[BranchTurn]
+) -> tuple[Message, Message]:
+    """Write `messages` as one linear branch under the current leaf, then the placeholder of
+    its answer, shown as the new leaf; return the last message written and the placeholder.
+
+    For clients that send the whole conversation with every request (the OpenAI-compatible
+    API): `messages` are the user, assistant and tool turns, oldest first, ending with the
+    user turn to answer or with the results (`tool` turns) of the client's tool calls. A
+    last user message must be non-empty; a tool result may be empty.
+    """
+    if not messages or messages[-1][0] not in (Message.Role.USER, Message.Role.TOOL):
+        raise ValueError("a branch to answer ends with a user message or a tool result")
+    if any(message[0] not in _BRANCH_ROLES for message in messages):
+        raise ValueError("a branch holds user, assistant and tool turns only")
+    for message in messages:
+        if len(message[1]) > settings.MESSAGE_MAX_CHARS:
+            _check_content(message[1])
+    if messages[-1][0] == Message.Role.USER:
+        _check_content(messages[-1][1])
+    with transaction.atomic():
+        _lock(conversation)
+        _check_idle(conversation)
+        leaf_id = conversation.current_leaf_id
+        parent_message = (
+            Message.objects.filter(conversation=conversation, pk=leaf_id).first()
+            if leaf_id is not None
+            else None
+        )
+        if parent_message is None:
+            raise ServiceError(
+                ErrorCode.UNKNOWN_PARENT, "The conversation has no message to follow."
+            )
+        rows = [
+            Message(
+                id=uuid.uuid4(),
+                conversation=conversation,
+                role=role,
+                content=content,
+                status=Message.Status.COMPLETE,
+                model=conversation.model if role == Message.Role.ASSISTANT else "",
+                metadata=dict(rest[0]) if rest else {},
+            )
+            for role, content, *rest in messages
+        ]
+        for above, row in zip([parent_message, *rows], rows, strict=False):
+            row.parent = above
+        for row, below in itertools.pairwise(rows):
+            row.current_child = below
+        Message.objects.bulk_create(rows)
+        placeholder = _add_assistant_placeholder(conversation, rows[-1])
+        rows[-1].current_child = placeholder
+        rows[-1].save(update_fields=["current_child"])
+        _show_leaf(conversation, placeholder, new_activity=True)
+    return rows[-1], placeholder
+
+
+def conversation_purge(*, conversation: Conversation) -> None:
+    """Delete a conversation for good, leaving no tombstone: the OpenAI-compatible API's
+    requests made with a key that does not keep them. Usage stays in the ledger, which
+    outlives conversations.
+
+    Where other rows must keep pointing at the conversation (a protected reference), its
+    content is deleted as `conversation_delete` does and the tombstone stays.
+    """
+    try:
+        with transaction.atomic():
+            Conversation.objects.filter(pk=conversation.pk).delete()
+    except (ProtectedError, RestrictedError):
+        conversation_delete(conversation=conversation)

@@ -11,7 +11,7 @@ once); the plan must include the model; the generation's reservation (made by
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,9 +29,12 @@ from billing.services import (
 )
 from inference.models import Generation
 from inference.services import generation_start, generations_abandon, pool_for_model
+from moderation.models import Flag
+from moderation.services import flag_record, moderation_check_input, moderation_ensure_can_send
 
 from . import services
 from .models import Conversation, Message
+from .retention import conversation_forget_redis
 
 
 @dataclass(frozen=True)
@@ -65,16 +68,25 @@ def conversation_start(
 
 def conversation_remove(*, conversation: Conversation) -> None:
     """Delete a conversation; answers still queued or streaming for it are stopped, and
-    their reservations given back (an abandoned answer is not charged)."""
+    their reservations given back (an abandoned answer is not charged). Its Redis keys go
+    after commit, and the owner's open pages hear of it (conversations/retention.py)."""
     with transaction.atomic():
-        in_flight = list(
-            Generation.objects.filter(conversation=conversation)
-            .exclude(status__in=Generation.FINAL_STATUSES)
-            .select_related("pool")
+        generations = list(
+            Generation.objects.filter(conversation=conversation).select_related("pool")
         )
+        in_flight = [generation for generation in generations if not generation.is_final]
         services.conversation_delete(conversation=conversation)
         if in_flight:
             transaction.on_commit(lambda: _abandon(in_flight))
+        transaction.on_commit(
+            lambda: conversation_forget_redis(
+                conversation_id=conversation.pk,
+                owner_id=conversation.owner_id,
+                generation_ids=[generation.pk for generation in generations],
+                in_flight_ids={generation.pk for generation in in_flight},
+            ),
+            robust=True,
+        )
 
 
 def _abandon(generations: list[Generation]) -> None:
@@ -147,13 +159,28 @@ def _queued_turn(
     content: str | None,
     idempotency_key: str | None,
     request: dict[str, Any],
+    max_tokens: int | None = None,
+    params: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | dict[str, Any] | None = None,
 ) -> Turn:
     """Run `write` (the tree change) and start its generation, once per idempotency key.
 
     `content` is the new user text the turn adds (None when it adds none, as a regenerate).
+    `max_tokens` (at most the plan's) and `params` (sampling: temperature, top_p, stop) are
+    the caller's wishes for the answer; `tools` and `tool_choice` a `/v1` client's own tools
+    (`generation_start`).
     """
+    options: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "params": params,
+        "tools": tools,
+        "tool_choice": tool_choice,
+    }
     if idempotency_key is None:
-        return _write_and_start(user=user, conversation=conversation, write=write, content=content)
+        return _write_and_start(
+            user=user, conversation=conversation, write=write, content=content, **options
+        )
     fingerprint = idempotency_fingerprint(request)
     stored = idempotency_claim(user=user, key=idempotency_key, fingerprint=fingerprint)
     if stored is not None:
@@ -163,7 +190,9 @@ def _queued_turn(
         # What the key made is gone (its conversation was deleted): run the request again,
         # which answers as it would without the key.
     try:
-        turn = _write_and_start(user=user, conversation=conversation, write=write, content=content)
+        turn = _write_and_start(
+            user=user, conversation=conversation, write=write, content=content, **options
+        )
     except BaseException:
         idempotency_release(user=user, key=idempotency_key, fingerprint=fingerprint)
         raise
@@ -182,10 +211,25 @@ def _queued_turn(
 
 
 def _write_and_start(
-    *, user: User, conversation: Conversation, write: _Write, content: str | None
+    *,
+    user: User,
+    conversation: Conversation,
+    write: _Write,
+    content: str | None,
+    max_tokens: int | None = None,
+    params: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | dict[str, Any] | None = None,
 ) -> Turn:
+    # Moderation (issue 6), before anything is written or reserved: a suspended account is
+    # refused every send, and a blocked text costs nothing and never reaches a worker. The
+    # flag of a blocked text commits on its own here, so it survives the refusal.
+    moderation_ensure_can_send(user=user)
     plan = plan_for_user(user=user)
     plan_allows_model(plan=plan, model=conversation.model)
+    verdict = None
+    if content is not None and content.strip() and len(content) <= settings.MESSAGE_MAX_CHARS:
+        verdict = moderation_check_input(user=user, conversation=conversation, content=content)
     generation: Generation | None = None
     try:
         with transaction.atomic():
@@ -194,13 +238,26 @@ def _write_and_start(
                 message=placeholder,
                 user=user,
                 tier=plan.tier,
-                max_tokens=plan.max_output_tokens,
+                max_tokens=min(max_tokens or plan.max_output_tokens, plan.max_output_tokens),
+                params=params,
+                tools=tools,
+                tool_choice=tool_choice,
             )
     except BaseException:
         if generation is not None:
             # The rows rolled back after the reservation was made: give it back now.
             reservation_release(user_id=user.pk, reservation_id=str(generation.pk))
         raise
+    if verdict is not None and verdict.needs_review and user_message is not None:
+        flag_record(
+            user=user,
+            conversation=conversation,
+            message=user_message,
+            direction=Flag.Direction.INPUT,
+            excerpt=user_message.content,
+            verdict=verdict,
+            action=Flag.Action.REVIEW,
+        )
     return Turn(conversation, user_message, placeholder, generation)
 
 
@@ -219,3 +276,80 @@ def _replay(stored: dict[str, Any]) -> Turn | None:
         else None
     )
     return Turn(generation.conversation, user_message, generation.message, generation, True)
+
+
+def turn_from_messages(
+    *,
+    user: User,
+    model: str,
+    system_prompt: str,
+    messages: Sequence[services.BranchTurn],
+    max_tokens: int | None = None,
+    params: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+) -> Turn:
+    """A new conversation from a client that sends the whole of it with every request (the
+    OpenAI-compatible API), and its answer queued.
+
+    `messages` are the user, assistant and tool turns, oldest first, ending with the user
+    turn to answer or the results of the client's tool calls (see
+    `services.conversation_write_branch`); `tools` and `tool_choice` the client's own tools,
+    whose calls end the answer for the client to run. The turns become one linear branch
+    under the `system_prompt`, in a conversation marked as coming from the API. The turn
+    takes the same path as the web chat's: plan, input checks, reservation, scheduler. On a
+    refusal the conversation is removed again, so a refused request leaves nothing behind.
+    """
+    conversation = conversation_start(
+        user=user, model=model, system_prompt=system_prompt, source=Conversation.Source.API
+    )
+    # Every message here is the client's own text, never checked before: all of it is new.
+    written = "\n\n".join(part for part in [system_prompt, *(m[1] for m in messages)] if part)
+    try:
+        turn = _queued_turn(
+            user=user,
+            conversation=conversation,
+            write=lambda: services.conversation_write_branch(
+                conversation=conversation, messages=messages
+            ),
+            content=written,
+            idempotency_key=idempotency_key,
+            request={
+                "action": "messages",
+                "model": model,
+                "system_prompt": system_prompt,
+                "messages": [list(message) for message in messages],
+                "max_tokens": max_tokens,
+                "params": params,
+                "tools": tools,
+                "tool_choice": tool_choice,
+            },
+            max_tokens=max_tokens,
+            params=params,
+            tools=tools,
+            tool_choice=tool_choice,
+        )
+    except BaseException:
+        services.conversation_purge(conversation=conversation)
+        raise
+    if turn.replayed:
+        services.conversation_purge(conversation=conversation)
+    return turn
+
+
+def conversation_discard(*, conversation_id: Any) -> bool:
+    """Remove a conversation not to be kept once none of its answers is in flight (their
+    usage is settled by then); False, leaving it, while one still is."""
+    conversation = Conversation.objects.filter(pk=conversation_id).first()
+    if conversation is None:
+        return True
+    in_flight = (
+        Generation.objects.filter(conversation=conversation)
+        .exclude(status__in=Generation.FINAL_STATUSES)
+        .exists()
+    )
+    if in_flight:
+        return False
+    services.conversation_purge(conversation=conversation)
+    return True

@@ -8,7 +8,8 @@ in `settings.INFERENCE_CLIENT`.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -27,6 +28,74 @@ class WorkerFault(Exception):
         self.message = message
 
 
+class ToolsUnsupported(WorkerFault):
+    """The worker refused the request's tools: it was started without a tool-call parser."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("tools_unsupported", message)
+
+
+@dataclass
+class ToolCallDelta:
+    """A fragment of a tool call as streamed: the call's index, and any of its parts."""
+
+    index: int
+    id: str | None = None
+    name: str | None = None
+    arguments: str = ""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """A complete tool call; `arguments` is the JSON text the model wrote (maybe invalid)."""
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        """The entry of an assistant message's `tool_calls`."""
+        return {
+            "id": self.id,
+            "type": "function",
+            "function": {"name": self.name, "arguments": self.arguments},
+        }
+
+
+class ToolCallAssembler:
+    """Joins streamed tool-call fragments into complete calls, by their index.
+
+    The first fragment of a call carries its id and function name, the following ones
+    pieces of its arguments; several calls may interleave.
+    """
+
+    def __init__(self) -> None:
+        self._parts: dict[int, ToolCallDelta] = {}
+
+    def add(self, deltas: Iterable[ToolCallDelta]) -> None:
+        for delta in deltas:
+            part = self._parts.setdefault(delta.index, ToolCallDelta(index=delta.index))
+            if delta.id:
+                part.id = delta.id
+            if delta.name:
+                part.name = (part.name or "") + delta.name
+            part.arguments += delta.arguments
+
+    def __bool__(self) -> bool:
+        return bool(self._parts)
+
+    def calls(self) -> list[ToolCall]:
+        """The calls so far, in index order; a call the worker sent no id for gets one."""
+        return [
+            ToolCall(
+                id=part.id or f"call_{uuid.uuid4().hex[:24]}",
+                name=part.name or "",
+                arguments=part.arguments,
+            )
+            for _, part in sorted(self._parts.items())
+        ]
+
+
 @dataclass
 class Chunk:
     """A piece of a streamed answer."""
@@ -34,6 +103,7 @@ class Chunk:
     text: str = ""
     finish_reason: str | None = None
     usage: dict[str, Any] | None = None
+    tool_calls: list[ToolCallDelta] = field(default_factory=list)
 
 
 @dataclass
@@ -113,8 +183,15 @@ class OpenAICompatibleClient:
         priority: int,
         params: dict[str, Any] | None = None,
         request_id: str | None = None,
+        tools: list[dict[str, Any]] | None = None,
+        tool_choice: str | dict[str, Any] | None = None,
     ) -> AsyncIterator[Chunk]:
-        """Yield the answer as it is produced; closing the iterator aborts the request."""
+        """Yield the answer as it is produced; closing the iterator aborts the request.
+
+        With `tools` (OpenAI's format) the model may answer with tool calls, which arrive as
+        `Chunk.tool_calls` fragments (join them with a `ToolCallAssembler`). A worker started
+        without a tool-call parser refuses them: `ToolsUnsupported`.
+        """
         body: dict[str, Any] = {
             "model": model,
             "messages": messages,
@@ -124,6 +201,10 @@ class OpenAICompatibleClient:
             "priority": priority,
             **(params or {}),
         }
+        if tools:
+            body["tools"] = tools
+            if tool_choice is not None:
+                body["tool_choice"] = tool_choice
         headers = {"X-Request-Id": request_id} if request_id else {}
         try:
             async with self._http.stream(
@@ -131,6 +212,8 @@ class OpenAICompatibleClient:
             ) as response:
                 if response.status_code != 200:
                     detail = (await response.aread())[:500].decode("utf-8", "replace")
+                    if tools and response.status_code == 400 and "tool" in detail:
+                        raise ToolsUnsupported(f"the worker refused tools: {detail}")
                     raise WorkerFault(
                         "worker_error", f"worker answered {response.status_code}: {detail}"
                     )
@@ -160,8 +243,10 @@ def _parse_chunk(payload: str) -> Chunk:
         choices = data["choices"]
         if choices:
             choice = choices[0]
-            chunk.text = (choice.get("delta") or {}).get("content") or ""
+            delta = choice.get("delta") or {}
+            chunk.text = delta.get("content") or ""
             chunk.finish_reason = choice.get("finish_reason")
+            chunk.tool_calls = [_parse_tool_call(part) for part in delta.get("tool_calls") or ()]
         return chunk
     except WorkerFault:
         raise
@@ -169,6 +254,16 @@ def _parse_chunk(payload: str) -> Chunk:
         raise WorkerFault(
             "bad_response", f"unreadable chunk from the worker: {payload[:200]!r}"
         ) from exc
+
+
+def _parse_tool_call(part: dict[str, Any]) -> ToolCallDelta:
+    function = part.get("function") or {}
+    return ToolCallDelta(
+        index=int(part.get("index") or 0),
+        id=part.get("id") or None,
+        name=function.get("name") or None,
+        arguments=function.get("arguments") or "",
+    )
 
 
 def get_client() -> OpenAICompatibleClient:

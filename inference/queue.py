@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, cast
 
 from django.conf import settings
@@ -145,6 +145,13 @@ class Job:
     params: dict[str, Any]
     enqueued_ms: int
     prompt_tokens: int = 0  # our own count, for charging an answer that never reported usage
+    user_id: int = 0  # whose permissions the tools run with
+    # OpenAI-format `tools` offered to the model, and its `tool_choice` (None: the default).
+    tools: list[dict[str, Any]] = field(default_factory=list)
+    tool_choice: str | dict[str, Any] | None = None
+    # True: the tools are plugins the scheduler runs (web chat, API conversations); False:
+    # the client defined them and runs them itself (`/v1`), so the answer ends at the calls.
+    run_tools: bool = False
 
     def to_fields(self) -> dict[str, str]:
         return {
@@ -159,6 +166,10 @@ class Job:
             "params": json.dumps(self.params),
             "enqueued_ms": str(self.enqueued_ms),
             "prompt_tokens": str(self.prompt_tokens),
+            "user_id": str(self.user_id),
+            "tools": json.dumps(self.tools),
+            "tool_choice": json.dumps(self.tool_choice),
+            "run_tools": "1" if self.run_tools else "",
         }
 
     @classmethod
@@ -175,6 +186,10 @@ class Job:
             params=json.loads(fields.get("params") or "{}"),
             enqueued_ms=int(fields["enqueued_ms"]),
             prompt_tokens=int(fields.get("prompt_tokens") or 0),
+            user_id=int(fields.get("user_id") or 0),
+            tools=json.loads(fields.get("tools") or "[]"),
+            tool_choice=json.loads(fields.get("tool_choice") or "null"),
+            run_tools=bool(fields.get("run_tools")),
         )
 
 

@@ -22,15 +22,31 @@ import logging
 import os
 import socket
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.db import close_old_connections
+from django.db import close_old_connections, connections
+
+from moderation import output as moderation_output
+from moderation.output import ContentBlocked, OutputWindow, output_window
+from moderation.services import output_flag_record
+from plugins.registry import ToolResult
+from plugins.services import tool_run
 
 from . import queue, services
-from .client import OpenAICompatibleClient, WorkerFault, WorkerLoad, get_client
+from .client import (
+    OpenAICompatibleClient,
+    ToolCall,
+    ToolCallAssembler,
+    ToolsUnsupported,
+    WorkerFault,
+    WorkerLoad,
+    get_client,
+)
 from .errors import ErrorCode
 from .models import Generation, ModelPool, Worker
 
@@ -40,6 +56,11 @@ SWEEP_EVERY_SECONDS = 15
 # Postgres may refuse us for a moment (restart, connection limit): keep the final text.
 FINISH_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)
 REPLICA_TTL_SECONDS = 10
+# The plugin layer stops a tool at its own time limit; this outer guard only catches a plugin
+# layer that itself hangs (a database that does not answer).
+TOOL_GUARD_SECONDS = 5.0
+# A tool result shown in a `tool_result` event is cut here; the model gets all of it.
+TOOL_RESULT_DISPLAY_CHARS = 2000
 
 # Take a lease on a worker only while it has room; expired leases (a dead replica's) are
 # dropped first, so capacity heals by itself.
@@ -97,6 +118,15 @@ class Run:
     first_token_seen: bool = False
     finished: bool = False
     tried: set[int] = field(default_factory=set)
+    # The tool loop (`_tool_round`): the conversation with the rounds done so far, the calls
+    # being streamed, and the usage of the rounds done (`usage` includes it).
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: ToolCallAssembler = field(default_factory=ToolCallAssembler)
+    # Output moderation: the rolling window's state and, once a check trips, its verdict.
+    moderation: OutputWindow | None = field(default_factory=output_window)
+    tool_rounds: int = 0
+    spent: dict[str, Any] = field(default_factory=dict)
+    announced_attempt: int = 0
 
 
 class Scheduler:
@@ -127,6 +157,12 @@ class Scheduler:
         self._stopping = asyncio.Event()
         self._background: set[asyncio.Task[Any]] = set()
         self._last_sweep = 0.0
+        # Workers that refused tools (started without a tool-call parser): answer without.
+        self.no_tool_workers: set[int] = set()
+        # Tool calls block a thread each; their own pool keeps them from starving the rest.
+        self._tool_threads = ThreadPoolExecutor(
+            max_workers=settings.PLUGINS_MAX_RUNNING, thread_name_prefix="tool-loop"
+        )
 
     # Lifecycle
 
@@ -153,6 +189,7 @@ class Scheduler:
             await self.redis.delete(queue.key("replica", self.replica_id))
             await self.redis.aclose()
             await self.client.aclose()
+            self._tool_threads.shutdown(wait=False, cancel_futures=True)
             logger.info("scheduler %s stopped", self.replica_id)
 
     def stop(self) -> None:
@@ -357,6 +394,11 @@ class Scheduler:
                 try:
                     await self._attempt(run)
                 except WorkerFault as fault:
+                    if isinstance(fault, ToolsUnsupported) and run.job.run_tools:
+                        # Offering our plugins is optional: answer on this worker without.
+                        logger.warning("worker %s serves without tools", run.worker.name)
+                        self.no_tool_workers.add(run.worker.id)
+                        continue
                     if not await self._retry_elsewhere(run, fault):
                         await self._finish(
                             run,
@@ -367,8 +409,22 @@ class Scheduler:
                         )
                         return
                 else:
+                    # A forced call ends with `stop`, one the model chose with `tool_calls`;
+                    # a call cut off by `length` is not run.
+                    calls = run.tool_calls.calls() if run.finish_reason != "length" else []
+                    if calls and run.job.run_tools:
+                        if await self._tool_round(run, calls):
+                            continue
+                        run.finished = True  # finished elsewhere meanwhile (deleted, swept)
+                        return
+                    if calls:
+                        await self._hand_calls_to_client(run, calls)
+                        run.finish_reason = "tool_calls"
                     await self._finish(run, Generation.Status.COMPLETE, run.finish_reason or "stop")
                     return
+        except ContentBlocked:
+            # `_finish` withdraws the text (retract) and ends it as `content_filter`.
+            await self._finish(run, Generation.Status.COMPLETE, moderation_output.CONTENT_FILTER)
         except asyncio.CancelledError:
             await asyncio.shield(self._finish(run, Generation.Status.CANCELLED, "cancelled"))
             raise
@@ -393,27 +449,41 @@ class Scheduler:
 
     async def _attempt(self, run: Run) -> None:
         job, view = run.job, run.worker
-        await sync_to_async(services.generation_mark_running)(
-            generation_id=job.generation_id, worker_id=view.id, attempt=run.attempt
-        )
-        await self.redis.set(
-            queue.affinity_key(job.conversation_id),
-            view.id,
-            ex=settings.SCHEDULER_AFFINITY_TTL_SECONDS,
-        )
-        await self._event(
-            job.generation_id,
-            "meta",
-            {"status": "running", "worker": view.name, "attempt": run.attempt},
-        )
+        if run.announced_attempt != run.attempt:
+            # Once per worker: a tool round continues on the same one without a new `meta`.
+            run.announced_attempt = run.attempt
+            await sync_to_async(services.generation_mark_running)(
+                generation_id=job.generation_id, worker_id=view.id, attempt=run.attempt
+            )
+            await self.redis.set(
+                queue.affinity_key(job.conversation_id),
+                view.id,
+                ex=settings.SCHEDULER_AFFINITY_TTL_SECONDS,
+            )
+            await self._event(
+                job.generation_id,
+                "meta",
+                {"status": "running", "worker": view.name, "attempt": run.attempt},
+            )
+        if not run.messages:
+            run.messages = list(job.messages)
+        # A forced call is the first round's; the rounds after it let the model choose.
+        tool_choice = job.tool_choice if not run.tool_rounds else None
+        if job.run_tools and run.tool_rounds >= settings.TOOL_LOOP_MAX_ROUNDS:
+            tool_choice = "none"  # past the cap the model must answer with what it has
+        round_suffix = f"r{run.tool_rounds}" if run.tool_rounds else ""
         stream = self.client.stream_chat(
             base_url=view.url,
             model=view.served_model,
-            messages=job.messages,
-            max_tokens=job.max_tokens,
+            messages=run.messages,
+            # The answer's output budget covers every round.
+            max_tokens=max(1, job.max_tokens - int(run.spent.get("completion_tokens") or 0)),
             priority=job.priority,
             params=job.params,
-            request_id=f"{job.generation_id}-{run.attempt}",
+            request_id=f"{job.generation_id}-{run.attempt}{round_suffix}",
+            # Only our plugins are optional: a `/v1` client's tools are never dropped.
+            tools=None if job.run_tools and view.id in self.no_tool_workers else job.tools,
+            tool_choice=tool_choice,
         )
         loop = asyncio.get_running_loop()
         coalesce = settings.SCHEDULER_COALESCE_MS / 1000
@@ -422,9 +492,11 @@ class Scheduler:
         try:
             async for chunk in stream:
                 if chunk.usage:
-                    run.usage = chunk.usage
+                    run.usage = _add_usage(run.spent, chunk.usage)
                 if chunk.finish_reason:
                     run.finish_reason = chunk.finish_reason
+                if chunk.tool_calls:
+                    run.tool_calls.add(chunk.tool_calls)
                 if not chunk.text:
                     continue
                 run.text += chunk.text
@@ -460,14 +532,145 @@ class Scheduler:
             await stream.aclose()  # type: ignore[attr-defined]
         await self._flush(run)
 
+    async def _tool_round(self, run: Run, calls: list[ToolCall]) -> bool:
+        """Run the calls the model paused on, write the round to the branch and extend the
+        conversation, so the next `_attempt` continues from the results on the same worker.
+
+        Every call gets a result: a failing, hanging or missing tool gives the model an error
+        text instead, and the answer goes on. False if the generation ended meanwhile.
+        """
+        gid = run.job.generation_id
+        await self._flush(run)
+        results = []
+        for call in calls:
+            await self._event(
+                gid, "tool_start", {"id": call.id, "name": call.name, "arguments": call.arguments}
+            )
+            result = await self._run_tool(run, call)
+            if result.ok:
+                shown = result.content[:TOOL_RESULT_DISPLAY_CHARS]
+                await self._event(
+                    gid,
+                    "tool_result",
+                    {
+                        "id": call.id,
+                        "name": call.name,
+                        "content": shown,
+                        "truncated": len(shown) < len(result.content),
+                        "ok": True,
+                    },
+                )
+            else:
+                await self._event(
+                    gid,
+                    "tool_error",
+                    {
+                        "id": call.id,
+                        "name": call.name,
+                        "code": result.error_code,
+                        "message": result.error_message,
+                    },
+                )
+            results.append(
+                {
+                    "tool_call_id": call.id,
+                    "name": call.name,
+                    "content": result.content,
+                    "ok": result.ok,
+                }
+            )
+        # The worker parses the arguments it is sent back: keep them valid JSON.
+        sent_calls = [
+            ToolCall(id=c.id, name=c.name, arguments=_json_arguments(c.arguments)).to_openai()
+            for c in calls
+        ]
+        written = await sync_to_async(services.generation_add_tool_round)(
+            generation_id=gid, text=run.text, tool_calls=sent_calls, results=results
+        )
+        if not written:
+            return False
+        run.messages = [
+            *run.messages,
+            {"role": "assistant", "content": run.text, "tool_calls": sent_calls},
+            *(
+                {"role": "tool", "tool_call_id": r["tool_call_id"], "content": r["content"]}
+                for r in results
+            ),
+        ]
+        run.tool_rounds += 1
+        run.spent = dict(run.usage or run.spent)
+        run.text = ""
+        run.finish_reason = None
+        run.tool_calls = ToolCallAssembler()
+        return True
+
+    async def _run_tool(self, run: Run, call: ToolCall) -> ToolResult:
+        """One call through the plugin layer, in a thread, with the caller's permissions."""
+        loop = asyncio.get_running_loop()
+        guard = settings.PLUGINS_TOOL_TIMEOUT_SECONDS + TOOL_GUARD_SECONDS
+        try:
+            return await asyncio.wait_for(
+                loop.run_in_executor(
+                    self._tool_threads,
+                    partial(
+                        _call_tool,
+                        user_id=run.job.user_id,
+                        conversation_id=run.job.conversation_id,
+                        name=call.name,
+                        arguments=call.arguments,
+                    ),
+                ),
+                timeout=guard,
+            )
+        except TimeoutError:
+            logger.error("tool %s: the plugin layer did not answer in %s s", call.name, guard)
+            message = f"The tool did not answer within {guard:g} seconds."
+            return ToolResult(
+                ok=False,
+                content=f"Tool error (timeout): {message}",
+                error_code="timeout",
+                error_message=message,
+            )
+
+    async def _hand_calls_to_client(self, run: Run, calls: list[ToolCall]) -> None:
+        """End at the model's calls: the client (`/v1`) runs its own tools."""
+        tool_calls = [call.to_openai() for call in calls]
+        await sync_to_async(services.generation_record_tool_calls)(
+            generation_id=run.job.generation_id, tool_calls=tool_calls
+        )
+        await self._event(run.job.generation_id, "tool_calls", {"tool_calls": tool_calls})
+
     async def _flush_later(self, run: Run, delay: float) -> None:
         await asyncio.sleep(delay)
-        await self._flush(run)
+        # A trip found here stops the answer at the streaming loop's next flush.
+        with contextlib.suppress(ContentBlocked):
+            await self._flush(run)
 
     async def _flush(self, run: Run) -> None:
+        """Send the pending text, then check the output's newest window; ContentBlocked
+        once a check has tripped (nothing more goes out)."""
+        if run.moderation is not None and run.moderation.blocked is not None:
+            raise ContentBlocked
         if run.pending:
             text, run.pending = run.pending, ""
             await self._event(run.job.generation_id, "delta", {"text": text})
+        if await self._moderate(run):
+            raise ContentBlocked
+
+    async def _moderate(self, run: Run, *, final: bool = False) -> bool:
+        """Check the newest window of the answer (at the end, `final`: all of it) off the
+        event loop; True if the answer must be withdrawn."""
+        window = run.moderation
+        if window is None:
+            return False
+        if window.blocked is not None:
+            return True
+        text = run.text
+        excerpt = ("" if window.covered(text) else text) if final else (window.due(text) or "")
+        if not excerpt.strip():
+            return False
+        verdict = await moderation_output.check(excerpt)
+        return window.record(verdict, excerpt, end=len(text))
 
     async def _retry_elsewhere(self, run: Run, fault: WorkerFault) -> bool:
         """Restart once on another worker after a fault; False if that is not possible."""
@@ -487,6 +690,7 @@ class Scheduler:
                 run.attempt += 1
                 run.text = run.pending = ""
                 run.usage = run.finish_reason = None
+                run.tool_calls = ToolCallAssembler()
                 await self._event(gid, "restart", {"reason": fault.code, "attempt": run.attempt})
                 return True
         return False
@@ -499,7 +703,20 @@ class Scheduler:
         error_code: str = "",
         error_message: str = "",
     ) -> None:
-        await self._flush(run)
+        window = run.moderation
+        if window is not None and window.blocked is None:
+            with contextlib.suppress(ContentBlocked):
+                await self._flush(run)
+            if run.text:
+                await self._moderate(run, final=True)
+        if window is not None and window.blocked is not None:
+            # Withdrawn: clients replace the text with a notice, the stream forgets it, and
+            # the message keeps it for staff only (`blocked`). Charged as produced.
+            status, finish_reason = Generation.Status.COMPLETE, moderation_output.CONTENT_FILTER
+            error_code = error_message = ""
+            await moderation_output.retract(self.redis, run.job.generation_id, window.blocked)
+        elif window is None:
+            await self._flush(run)
         usage = run.usage or {}
         if not usage and run.first_token_seen:
             # The worker read the whole prompt before its first token; charge our count of it.
@@ -528,7 +745,27 @@ class Scheduler:
                 await sync_to_async(close_old_connections)()
             else:
                 run.finished = True
+                await self._flag_output(run)
                 return
+
+    async def _flag_output(self, run: Run) -> None:
+        """Record the flag of a withdrawn answer, or of one a check asked staff to review."""
+        window = run.moderation
+        if window is None:
+            return
+        retracted = window.blocked is not None
+        verdict = window.blocked or window.review
+        if verdict is None:
+            return
+        try:
+            await sync_to_async(output_flag_record)(
+                generation_id=run.job.generation_id,
+                excerpt=window.blocked_excerpt if retracted else window.review_excerpt,
+                verdict=verdict,
+                retracted=retracted,
+            )
+        except Exception:
+            logger.exception("could not flag generation %s", run.job.generation_id)
 
     async def _event(self, generation_id: str, event: str, data: dict[str, Any]) -> None:
         await self.redis.xadd(
@@ -659,6 +896,39 @@ class Scheduler:
         swept = await sync_to_async(services.generation_sweep_stale)(live_replicas=replicas)
         if swept:
             logger.warning("swept %d stale generation(s)", swept)
+
+
+def _add_usage(spent: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    """`usage` of this round plus that of the tool rounds before it, for one bill."""
+    if not spent:
+        return usage
+    total = dict(usage)
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        total[name] = int(spent.get(name) or 0) + int(usage.get(name) or 0)
+    cached = int((spent.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    cached += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    total["prompt_tokens_details"] = {"cached_tokens": cached}
+    return total
+
+
+def _json_arguments(arguments: str) -> str:
+    """The model's arguments if they are a JSON object, else that text wrapped in one."""
+    try:
+        if isinstance(json.loads(arguments), dict):
+            return arguments
+    except ValueError:
+        pass
+    return json.dumps({"unparsed_arguments": arguments})
+
+
+def _call_tool(*, user_id: int, conversation_id: str, name: str, arguments: str) -> ToolResult:
+    try:
+        return tool_run(
+            user_id=user_id, conversation_id=conversation_id, name=name, arguments=arguments
+        )
+    finally:
+        # This pool's threads are reused: do not leave a connection open in one.
+        connections.close_all()
 
 
 def _worker_rows() -> list[WorkerView]:

@@ -22,14 +22,21 @@ from django.utils import timezone
 from billing.services import generation_settle, reservation_create
 from chatsite.errors import ServiceError
 from conversations.context import assemble_context, count_tokens, load_tokenizer
-from conversations.models import Message
+from conversations.models import Conversation, Message
 from conversations.selectors import active_branch
+from conversations.summaries import summary_for_branch, summary_request_if_needed
+from conversations.titles import title_request_after_answer
+from plugins.builtin.search_index import search_index_schedule
+from plugins.selectors import tools_for_conversation
 
 from . import queue
 from .errors import ErrorCode
 from .models import Generation, ModelPool, Worker
 
 logger = logging.getLogger(__name__)
+
+# Tokens a chat template adds around the tools it is given (the instructions that frame them).
+TOOLS_OVERHEAD_TOKENS = 80
 
 
 def tier_priority(tier: str) -> int:
@@ -64,8 +71,16 @@ def generation_start(
     tier: str | None = None,
     max_tokens: int | None = None,
     params: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | dict[str, Any] | None = None,
 ) -> Generation:
-    """Create the generation for a queued assistant placeholder and queue it after commit."""
+    """Create the generation for a queued assistant placeholder and queue it after commit.
+
+    Without `tools`, the model is offered the plugin tools this user may call in this
+    conversation, and the scheduler runs the calls it makes (the tool loop). With `tools`
+    (OpenAI's format, from a `/v1` client) those are offered instead and the answer ends at
+    the model's calls, which the client runs. `tool_choice` is passed to the model as is.
+    """
     if message.role != Message.Role.ASSISTANT or message.status != Message.Status.QUEUED:
         raise ValueError("a generation starts from a queued assistant placeholder")
     tier = tier or settings.DEFAULT_TIER
@@ -77,11 +92,29 @@ def generation_start(
     if not branch or branch[-1].pk != message.pk:
         raise ValueError("the placeholder must be the conversation's current leaf")
     branch = branch[:-1]
+    tokenizer = load_tokenizer(pool_tokenizer_folder(pool))
+    run_tools = tools is None
+    if tools is None:
+        tools = [
+            spec.to_openai()
+            for spec in tools_for_conversation(user=user, conversation=conversation)
+        ]
+    # The template writes the tools into the prompt: they take room in the window.
+    tools_tokens = (
+        count_tokens(tokenizer, json.dumps(tools)) + TOOLS_OVERHEAD_TOKENS if tools else 0
+    )
+    budget_tokens = pool.context_window - max_tokens - tools_tokens
     context = assemble_context(
         branch=branch,
-        tokenizer=load_tokenizer(pool_tokenizer_folder(pool)),
-        budget_tokens=pool.context_window - max_tokens,
+        tokenizer=tokenizer,
+        budget_tokens=budget_tokens,
+        summary=summary_for_branch(branch=branch),
     )
+    # Issue 9: turns dropped that no summary covers: the branch's summary is due.
+    summary_request_if_needed(
+        conversation=conversation, leaf=branch[-1], context=context, budget_tokens=budget_tokens
+    )
+    prompt_tokens = context.prompt_tokens + tools_tokens
     generation = Generation.objects.create(
         message=message,
         conversation=conversation,
@@ -93,7 +126,7 @@ def generation_start(
     )
     # Billing (issue 5): reserve the prompt estimate plus max output tokens against every
     # limit of the user's plan at once; a refusal (403/413/429) rolls the turn back.
-    reservation_create(generation=generation, prompt_tokens=context.prompt_tokens)
+    reservation_create(generation=generation, prompt_tokens=prompt_tokens)
     job = queue.Job(
         generation_id=str(generation.id),
         pool=pool.name,
@@ -105,7 +138,11 @@ def generation_start(
         max_tokens=max_tokens,
         params=params or {},
         enqueued_ms=queue.now_ms(),
-        prompt_tokens=context.prompt_tokens,
+        prompt_tokens=prompt_tokens,
+        user_id=user.pk,
+        tools=tools,
+        tool_choice=tool_choice,
+        run_tools=run_tools and bool(tools),
     )
 
     def _enqueue() -> None:
@@ -119,7 +156,7 @@ def generation_start(
                 "message_id": job.message_id,
                 "model": pool.name,
                 "status": "queued",
-                "prompt_tokens_estimate": context.prompt_tokens,
+                "prompt_tokens_estimate": prompt_tokens,
             },
         )
         queue.enqueue(redis, job)
@@ -166,6 +203,9 @@ def generations_abandon(*, generations: list[Generation]) -> None:
         )
         redis.expire(queue.stream_key(gid), 60)
 
+
+# The finish reason of an answer that output moderation withdrew (OpenAI's name for it).
+CONTENT_FILTER = "content_filter"
 
 _MESSAGE_STATUS = {
     Generation.Status.COMPLETE: Message.Status.COMPLETE,
@@ -227,14 +267,30 @@ def generation_finish(
                 "error_message",
             ]
         )
+        # Moderation withdrew it: the text stays for staff, the message is `blocked`.
+        message_status = (
+            Message.Status.BLOCKED
+            if finish_reason == CONTENT_FILTER
+            else _MESSAGE_STATUS[Generation.Status(status)]
+        )
         Message.objects.filter(pk=generation.message_id).update(
             content=text,
-            status=_MESSAGE_STATUS[Generation.Status(status)],
+            status=message_status,
             prompt_tokens=prompt_tokens,
             output_tokens=output_tokens,
             content_tokens=None,
             updated_at=now,
         )
+        # Issue 9: the first completed exchange gets its conversation a title, after commit.
+        title_request_after_answer(
+            conversation_id=generation.conversation_id, status=message_status
+        )
+        if message_status == Message.Status.COMPLETE:
+            # Conversation search (plugins): the answer and the question it answered.
+            search_index_schedule(message_id=generation.message_id)
+            question = _question_of(generation.message_id)
+            if question is not None:
+                search_index_schedule(message_id=question)
 
     # Billing (issue 5): the usage event, and the reservation settled with the real usage.
     generation_settle(generation=generation)
@@ -256,6 +312,113 @@ def generation_finish(
     queue.expire_stream(redis, gid)
     redis.delete(queue.job_key(gid))
     return True
+
+
+def generation_add_tool_round(
+    *,
+    generation_id: Any,
+    text: str,
+    tool_calls: list[dict[str, Any]],
+    results: list[dict[str, Any]],
+) -> bool:
+    """Write one round of the tool loop onto the generation's branch; False if it ended.
+
+    The round is the assistant message that made the calls (`text` is what it said before
+    them; `metadata["tool_calls"]` the calls in OpenAI's format) and one `tool` message per
+    result (`results`: `tool_call_id`, `name`, `content`, `ok`), chained between the user
+    message and the answer's placeholder. The placeholder is re-parented under the last
+    result, so it stays the leaf and keeps its generation; the `current_child` pointers that
+    led to it lead to it again, so later context assembly walks the round in order.
+    """
+    conversation_id = (
+        Generation.objects.filter(pk=generation_id)
+        .values_list("conversation_id", flat=True)
+        .first()
+    )
+    if conversation_id is None:
+        return False
+    with transaction.atomic():
+        # Tree writers lock the conversation first; so do we, before the generation.
+        conversation = (
+            Conversation.objects.select_for_update()
+            .filter(pk=conversation_id, deleted_at__isnull=True)
+            .first()
+        )
+        generation = (
+            Generation.objects.select_for_update(of=("self",))
+            .select_related("pool")
+            .filter(pk=generation_id)
+            .exclude(status__in=Generation.FINAL_STATUSES)
+            .first()
+        )
+        if conversation is None or generation is None:
+            return False
+        placeholder = Message.objects.select_related("parent").get(pk=generation.message_id)
+        parent = placeholder.parent
+        if parent is None:
+            raise ValueError("an answer's placeholder always has a parent")
+        tokenizer = load_tokenizer(pool_tokenizer_folder(generation.pool))
+        caller = Message.objects.create(
+            conversation=conversation,
+            parent=parent,
+            role=Message.Role.ASSISTANT,
+            content=text,
+            status=Message.Status.COMPLETE,
+            model=placeholder.model,
+            metadata={"tool_calls": tool_calls},
+            # The calls are part of what the model reads back: count them with the text.
+            content_tokens=count_tokens(tokenizer, text + json.dumps(tool_calls)),
+        )
+        chain = [caller]
+        for result in results:
+            chain.append(
+                Message.objects.create(
+                    conversation=conversation,
+                    parent=chain[-1],
+                    role=Message.Role.TOOL,
+                    content=result["content"],
+                    status=Message.Status.COMPLETE,
+                    metadata={
+                        "tool_call_id": result["tool_call_id"],
+                        "name": result["name"],
+                        "ok": result["ok"],
+                    },
+                )
+            )
+        for node, child in zip(chain, [*chain[1:], placeholder], strict=True):
+            node.current_child = child
+        Message.objects.bulk_update(chain, ["current_child"])
+        placeholder.parent = chain[-1]
+        placeholder.save(update_fields=["parent", "updated_at"])
+        if parent.current_child_id == placeholder.pk:
+            parent.current_child = caller
+            parent.save(update_fields=["current_child", "updated_at"])
+    return True
+
+
+def generation_record_tool_calls(*, generation_id: Any, tool_calls: list[dict[str, Any]]) -> None:
+    """Keep the calls an answer ended with, for a client that runs its own tools (`/v1`)."""
+    with transaction.atomic():
+        message = (
+            Message.objects.select_for_update()
+            .filter(generation__pk=generation_id)
+            .only("metadata")
+            .first()
+        )
+        if message is not None:
+            message.metadata = {**message.metadata, "tool_calls": tool_calls}
+            message.save(update_fields=["metadata", "updated_at"])
+
+
+def _question_of(message_id: Any) -> Any | None:
+    """The user message an answer replies to (above any tool rounds between them)."""
+    parent_id = Message.objects.filter(pk=message_id).values_list("parent_id", flat=True).first()
+    while parent_id is not None:
+        role, next_parent = Message.objects.filter(pk=parent_id).values_list("role", "parent_id")[0]
+        if role == Message.Role.USER:
+            return parent_id
+        parent_id = next_parent
+    return None
 
 
 def generation_mark_running(*, generation_id: Any, worker_id: int, attempt: int) -> None:
@@ -370,7 +533,8 @@ def _stream_text(redis: Any, generation_id: str) -> str:
     for _, fields in redis.xrange(queue.stream_key(generation_id)):
         if fields.get("event") == "delta":
             text += json.loads(fields["data"]).get("text", "")
-        elif fields.get("event") == "restart":
+        elif fields.get("event") in ("restart", "tool_start"):
+            # Text before a tool round is stored with the round, not in the answer.
             text = ""
     return text
 

@@ -7,4 +7,5 @@ urlpatterns = [
     path("", include("conversations.api.urls")),
     path("", include("inference.api.urls")),
     path("", include("billing.api.urls")),
+    path("", include("plugins.api.urls")),
 ]

@@ -13,7 +13,12 @@ from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
 from conversations.models import Conversation, Message
-from conversations.selectors import SIDEBAR_MAX_LIMIT, SiblingPosition
+from conversations.selectors import (
+    SIDEBAR_MAX_LIMIT,
+    SiblingPosition,
+    message_notice,
+    message_visible_content,
+)
 
 
 class StrictCharField(serializers.CharField):
@@ -37,6 +42,49 @@ class StrictUUIDField(serializers.UUIDField):
 class MessageSerializer(serializers.ModelSerializer[Message]):
     conversation_id = serializers.UUIDField(read_only=True)
     parent_id = serializers.UUIDField(read_only=True, allow_null=True)
+    content = serializers.SerializerMethodField(
+        help_text="Empty for an answer moderation withheld (`blocked`); see `notice`."
+    )
+    notice = serializers.SerializerMethodField(
+        help_text="Why the text is withheld (a `blocked` answer); null otherwise."
+    )
+
+    def get_content(self, message: Message) -> str:
+        return message_visible_content(message=message)
+
+    def get_notice(self, message: Message) -> str | None:
+        return message_notice(message=message)
+
+    tool_calls = serializers.SerializerMethodField(
+        help_text="An assistant's tool calls (the tool loop): id, name, arguments (JSON text)."
+    )
+    tool = serializers.SerializerMethodField(
+        help_text="A `tool` message's call: call_id, name and ok; null for other roles."
+    )
+
+    @extend_schema_field(serializers.ListField(child=serializers.DictField(), allow_null=True))
+    def get_tool_calls(self, message: Message) -> list[dict[str, str]] | None:
+        calls = message.metadata.get("tool_calls") if message.role == "assistant" else None
+        if not calls:
+            return None
+        return [
+            {
+                "id": str(call.get("id", "")),
+                "name": str(call.get("function", {}).get("name", "")),
+                "arguments": str(call.get("function", {}).get("arguments", "")),
+            }
+            for call in calls
+        ]
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_tool(self, message: Message) -> dict[str, Any] | None:
+        if message.role != Message.Role.TOOL:
+            return None
+        return {
+            "call_id": str(message.metadata.get("tool_call_id", "")),
+            "name": str(message.metadata.get("name", "")),
+            "ok": bool(message.metadata.get("ok", True)),
+        }
 
     class Meta:
         model = Message
@@ -46,6 +94,9 @@ class MessageSerializer(serializers.ModelSerializer[Message]):
             "parent_id",
             "role",
             "content",
+            "notice",
+            "tool_calls",
+            "tool",
             "status",
             "model",
             "prompt_tokens",

@@ -2,9 +2,10 @@
 
 from django.urls import path
 
-from . import views
+from . import events, views
 
 urlpatterns = [
+    path("events/stream", events.user_event_stream, name="user-event-stream"),
     path("conversations", views.ConversationListView.as_view(), name="conversation-list"),
     path(
         "conversations/<uuid:conversation_id>",

@@ -322,7 +322,15 @@ def test_reload_and_a_network_drop_mid_answer_lose_and_repeat_nothing(
     scheduler()
     page, _ = open_chat(cuttable_proxy.url, browser_user())
     streams: list[str] = []
-    page.on("request", lambda r: streams.append(r.url) if r.url.endswith("/stream") else None)
+    # The answer's own stream (the page also keeps a stream of the user's events open).
+    page.on(
+        "request",
+        lambda r: (
+            streams.append(r.url)
+            if "/generations/" in r.url and r.url.endswith("/stream")
+            else None
+        ),
+    )
     send(page, "Write a long story about a lighthouse keeper and a storm.")
     answer = answers(page).last
     seen = watch(answer, until=lambda status, text: status == "streaming" and len(text) > 30)

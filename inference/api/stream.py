@@ -116,7 +116,14 @@ def _stored_events(generation_id: UUID) -> bytes:
             }
         ),
     )
-    if message.content and message.status != message.Status.BLOCKED:
+    if message.status == message.Status.BLOCKED:
+        # Withheld by moderation: the notice, never the text.
+        out += format_event(
+            "0-2",
+            "retract",
+            json.dumps({"reason": "content_filter", "notice": settings.MODERATION_RETRACT_NOTICE}),
+        )
+    elif message.content:
         out += format_event("0-2", "delta", json.dumps({"text": message.content}))
     if generation.status in (Generation.Status.FAILED, Generation.Status.REJECTED):
         out += format_event(

@@ -3,6 +3,12 @@
 It speaks just enough of vLLM's HTTP API (/health, /metrics, streaming
 /v1/chat/completions) and can be told to answer well, die mid-stream, hang, answer 500 or
 send garbage. It records every request so tests can count who served what.
+
+Given `tool_calls` (name, arguments text) it answers a request that offers tools with those
+calls, streamed in fragments as vLLM does, for `tool_rounds` rounds of one answer; then, or
+with `tool_choice: "none"`, it answers with text. With a `tool_trigger`, only questions that
+contain it get tool calls. `refuse_tools` plays a worker started
+without a tool-call parser.
 """
 
 from __future__ import annotations
@@ -18,10 +24,24 @@ from typing import Any
 class FakeWorker:
     """One stand-in worker on a free loopback port."""
 
-    def __init__(self, *, mode: str = "ok", tokens: int = 8, token_delay: float = 0.01) -> None:
+    def __init__(
+        self,
+        *,
+        mode: str = "ok",
+        tokens: int = 8,
+        token_delay: float = 0.01,
+        tool_calls: list[tuple[str, str]] | None = None,
+        tool_rounds: int = 1,
+        refuse_tools: bool = False,
+        tool_trigger: str = "",
+    ) -> None:
         self.mode = mode
         self.tokens = tokens
         self.token_delay = token_delay
+        self.tool_calls = tool_calls or []
+        self.tool_rounds = tool_rounds
+        self.refuse_tools = refuse_tools
+        self.tool_trigger = tool_trigger
         self.requests: list[dict[str, Any]] = []
         self.request_ids: list[str] = []
         self.running = 0
@@ -89,6 +109,11 @@ class FakeWorker:
                 if mode == "error500":
                     self._send(500, b'{"error": "internal"}', "application/json")
                     return
+                if worker.refuse_tools and body.get("tools"):
+                    refusal = "tool choice requires --tool-call-parser to be set"
+                    message = json.dumps({"error": {"message": refusal}}).encode()
+                    self._send(400, message, "application/json")
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.send_header("Transfer-Encoding", "chunked")
@@ -104,7 +129,48 @@ class FakeWorker:
                     with worker._lock:
                         worker.running -= 1
 
+            def _calls_tools(self, body: dict[str, Any]) -> bool:
+                if not (worker.tool_calls and body.get("tools")):
+                    return False
+                if body.get("tool_choice") == "none":
+                    return False
+                rounds = 0
+                for message in reversed(body["messages"]):
+                    if message["role"] == "user":
+                        if worker.tool_trigger not in message["content"]:
+                            return False
+                        break
+                    if message["role"] == "assistant" and message.get("tool_calls"):
+                        rounds += 1
+                return rounds < worker.tool_rounds
+
+            def _stream_tool_calls(self) -> None:
+                for index, (name, arguments) in enumerate(worker.tool_calls):
+                    head = {"index": index, "id": f"call-{index}", "type": "function"}
+                    head["function"] = {"name": name}
+                    self._event({"choices": [{"index": 0, "delta": {"tool_calls": [head]}}]})
+                    # Arguments in small pieces, as a model writes them.
+                    for start in range(0, len(arguments), 5):
+                        piece = {
+                            "index": index,
+                            "function": {"arguments": arguments[start : start + 5]},
+                        }
+                        self._event({"choices": [{"index": 0, "delta": {"tool_calls": [piece]}}]})
+                        time.sleep(worker.token_delay)
+                self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
+                self._event(
+                    {
+                        "choices": [],
+                        "usage": {"prompt_tokens": 11, "completion_tokens": 5, "total_tokens": 16},
+                    }
+                )
+                self._chunk(b"data: [DONE]\n\n")
+                self._chunk(b"")
+
             def _stream(self, body: dict[str, Any], mode: str) -> None:
+                if self._calls_tools(body):
+                    self._stream_tool_calls()
+                    return
                 count = min(worker.tokens, int(body.get("max_tokens") or worker.tokens))
                 for index in range(count):
                     if mode == "die" and index == 3:

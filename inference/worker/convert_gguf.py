@@ -119,7 +119,7 @@ def convert(output: Path, *, force: bool, dtype_name: str) -> None:
         if hasattr(config, "quantization_config"):
             del config.quantization_config
         config.dtype = dtype
-        model = LlamaForCausalLM(config).to(dtype)
+        model = LlamaForCausalLM(config).to(dtype)  # type: ignore[arg-type]  # a Llama config
         # Not strict: with tied embeddings the GGUF has no separate output matrix.
         missing, unexpected = model.load_state_dict(quantized.state_dict(), strict=False)
         if unexpected or [key for key in missing if key != "lm_head.weight"]:

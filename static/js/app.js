@@ -7,9 +7,10 @@
 // screen, so leaving a conversation never abandons an answer.
 
 import * as api from "./api.js";
-import { isInProgress, messageElement, startEdit, updateAssistant } from "./messages.js";
+import { isInProgress, messageElement, startEdit, updateAssistant, withToolSteps } from "./messages.js";
 import { displayTitle, Sidebar } from "./sidebar.js";
 import { GenerationStream } from "./stream.js";
+import { ToolsMenu } from "./tools.js";
 
 const config = JSON.parse(document.getElementById("chat-config").textContent);
 const byId = (id) => document.getElementById(id);
@@ -66,8 +67,9 @@ function route({ push }) {
 
 // Banner and announcements
 
-function showBanner(text) {
+function showBanner(text, kind = "") {
   ui.bannerText.textContent = text;
+  ui.banner.dataset.kind = kind;
   ui.banner.hidden = false;
 }
 
@@ -83,7 +85,9 @@ function showError(error) {
   }
   let text = (error && error.message) || "Something went wrong. Please try again.";
   if (error && error.status === 429 && error.retryAfter) text += ` Try again in ${error.retryAfter} s.`;
-  showBanner(text);
+  // Moderation: a refused message, or an account that may not send at all.
+  const moderation = new Set(["content_blocked", "account_suspended", "account_banned"]);
+  showBanner(text, error && moderation.has(error.code) ? error.code : "");
 }
 
 function announce(text) {
@@ -107,6 +111,7 @@ function showNewChat({ push }) {
   state.editing = false;
   if (push) window.history.pushState(null, "", pathFor(null));
   setHeader(null);
+  tools.show(null);
   ui.list.replaceChildren();
   ui.empty.hidden = false;
   sidebar.setActive(null);
@@ -148,10 +153,12 @@ async function reload(id, options = {}) {
 }
 
 function showConversation(detail, { scroll = "bottom" } = {}) {
+  const opened = state.conversation?.id !== detail.id;
   state.conversation = detail;
   state.viewId = detail.id;
   state.editing = false;
   setHeader(detail);
+  if (opened) tools.show(detail.id);
   sidebar.setActive(detail.id);
   for (const message of detail.messages) {
     if (isInProgress(message)) ensureStream(message.generation_id, message.id, detail.id);
@@ -163,7 +170,7 @@ function showConversation(detail, { scroll = "bottom" } = {}) {
 }
 
 function visibleMessages() {
-  return state.conversation ? state.conversation.messages.filter((m) => m.role === "user" || m.role === "assistant") : [];
+  return state.conversation ? withToolSteps(state.conversation.messages) : [];
 }
 
 function contextFor(message) {
@@ -257,8 +264,9 @@ function announcePhase(stream) {
 function finishStream(stream, message) {
   state.streams.delete(stream.generationId);
   if (message) {
-    message.status = FINAL_STATUS[stream.status] || "failed";
+    message.status = stream.retracted ? "blocked" : FINAL_STATUS[stream.status] || "failed";
     message.content = stream.text;
+    if (stream.retracted) message.notice = stream.retracted.message;
     message.error = stream.error;
     message.finishReason = stream.finishReason;
     const focused = document.activeElement;
@@ -466,7 +474,13 @@ function closeSidebar() {
 
 // Wiring
 
-const sidebar = new Sidebar({
+const tools = new ToolsMenu({
+  root: byId("tools-menu"),
+  list: byId("tools-list"),
+  note: byId("tools-note"),
+});
+
+const sidebarHandlers = {
   onOpen: (id) => openConversation(id, { push: true }),
   onDeleted: (id) => {
     // Its answers were stopped with it; stop listening to them too.
@@ -485,7 +499,28 @@ const sidebar = new Sidebar({
     }
   },
   onError: showError,
-});
+};
+const sidebar = new Sidebar(sidebarHandlers);
+
+// Events of this user from the server (titles written in the background, deletions made in
+// another tab or by history retention). EventSource reconnects by itself with Last-Event-ID.
+function listenToUserEvents() {
+  const source = new EventSource("/api/v1/events/stream");
+  source.addEventListener("title", (event) => {
+    const { conversation_id: id, title } = JSON.parse(event.data);
+    const conversation = sidebar.applyTitle(id, title);
+    if (conversation) sidebarHandlers.onChanged(conversation);
+    else if (state.conversation && state.conversation.id === id && !state.conversation.title) {
+      sidebarHandlers.onChanged({ id, title });
+    }
+  });
+  source.addEventListener("deleted", (event) => {
+    const { conversation_id: id } = JSON.parse(event.data);
+    if (!sidebar.items.has(id) && state.viewId !== id) return;
+    sidebar.remove(id);
+    sidebarHandlers.onDeleted(id);
+  });
+}
 
 ui.composer.addEventListener("submit", (event) => {
   event.preventDefault();
@@ -531,3 +566,4 @@ window.addEventListener("popstate", () => route({ push: false }));
 
 sidebar.reload();
 route({ push: false });
+listenToUserEvents();

@@ -24,30 +24,84 @@ function button(text, label, onClick, className = "action") {
   return node;
 }
 
+/**
+ * The tool loop writes each round (the assistant's calls, then one `tool` message per result)
+ * between a question and its answer. Those rows are not shown as messages: their calls and
+ * results become `tool_steps` of the answer they led to. Returns the messages to show.
+ */
+export function withToolSteps(messages) {
+  const shown = [];
+  let steps = [];
+  let head = null; // the round's first row: the other versions of the answer are its siblings
+  for (const message of messages) {
+    if (message.role === "assistant" && Array.isArray(message.tool_calls) && message.tool_calls.length) {
+      head = head || message;
+      message.tool_calls.forEach((call, index) => {
+        steps.push({
+          id: String(call.id),
+          name: String(call.name),
+          arguments: String(call.arguments),
+          state: "running",
+          content: "",
+          preface: index === 0 ? message.content : "",
+        });
+      });
+    } else if (message.role === "tool") {
+      const step = message.tool && steps.find((s) => s.id === message.tool.call_id);
+      if (step) {
+        step.state = message.tool.ok ? "ok" : "error";
+        step.content = message.content;
+      }
+    } else {
+      if (message.role === "assistant") {
+        message.tool_steps = steps;
+        if (head && head.sibling_count > 1) {
+          message.sibling_index = head.sibling_index;
+          message.sibling_count = head.sibling_count;
+          message.sibling_ids = head.sibling_ids;
+        }
+        steps = [];
+        head = null;
+      }
+      if (message.role === "user" || message.role === "assistant") shown.push(message);
+    }
+  }
+  return shown;
+}
+
+function mergedSteps(stored, live) {
+  const known = new Set(live.map((step) => step.id));
+  return [...(stored || []).filter((step) => !known.has(step.id)), ...live];
+}
+
 /** What an answer shows: from its stream while one is attached, else from the message. */
 export function assistantView(message, stream) {
   if (!stream) {
     return {
+      toolSteps: message.tool_steps || [],
       text: message.content,
       status: message.status,
       position: null,
       highDemand: false,
       error: message.error || null,
-      retracted: null,
       restarted: false,
       reconnecting: false,
       stopping: false,
       finishReason: message.finishReason || null,
       started: message.content.length > 0,
+      retracted: message.status === "blocked" ? { message: message.notice || "" } : null,
     };
   }
   let status;
-  if (stream.done) {
+  if (stream.done && stream.retracted) {
+    status = "blocked";
+  } else if (stream.done) {
     status = { complete: "complete", cancelled: "cancelled", lost: "lost" }[stream.status] || "failed";
   } else {
     status = stream.phase === "running" ? "streaming" : "queued";
   }
   return {
+    toolSteps: mergedSteps(message.tool_steps, stream.toolSteps),
     text: stream.text,
     status,
     position: stream.position,
@@ -75,6 +129,7 @@ function stateText(view) {
       return ["queued", "Your answer will start shortly."];
     case "streaming":
       if (view.restarted && !view.text) return ["restarted", "A model worker failed; starting the answer again…"];
+      if (!view.text && view.toolSteps.some((step) => step.state === "running")) return ["tool", "Using a tool…"];
       return view.text ? ["streaming", ""] : ["thinking", "Thinking…"];
     case "cancelled":
       return ["cancelled", view.text ? "Stopped." : "Stopped before the answer started."];
@@ -83,9 +138,9 @@ function stateText(view) {
     case "lost":
       return ["failed", (view.error && view.error.message) || "Lost the connection to this answer."];
     case "blocked":
-      return ["blocked", "This answer was withheld by moderation."];
+      return ["blocked", (view.retracted && view.retracted.message) || "This answer was withheld by moderation."];
     case "complete":
-      if (view.retracted) return ["blocked", "This answer was withdrawn by moderation."];
+      if (view.retracted) return ["blocked", view.retracted.message || "This answer was withdrawn by moderation."];
       if (view.finishReason === "length") return ["note", "The answer reached its length limit."];
       return ["complete", ""];
     default:
@@ -131,6 +186,7 @@ export function messageElement(message, context) {
     item.append(actions);
   } else {
     body.classList.add("markdown");
+    body.before(element("div", "tool-steps"));
     const state = element("p", "message-state");
     const actions = element("div", "message-actions");
     item.append(state, actions);
@@ -139,9 +195,42 @@ export function messageElement(message, context) {
   return item;
 }
 
+const STEP_STATE = { running: "running…", ok: "done", error: "failed" };
+
+function toolStepElement(step, open) {
+  const details = element("details", "tool-step");
+  details.dataset.state = step.state;
+  details.dataset.callId = step.id;
+  details.open = open;
+  const summary = element("summary", "tool-step-summary");
+  summary.append(element("span", "tool-step-label", "Tool"), " ", element("code", "tool-step-name", step.name), " ");
+  summary.append(element("span", "tool-step-state", STEP_STATE[step.state] || step.state));
+  details.append(summary);
+  if (step.preface) details.append(element("p", "tool-step-preface", step.preface));
+  details.append(element("div", "tool-step-heading", "Arguments"), element("pre", "tool-step-arguments", step.arguments));
+  if (step.state !== "running") {
+    details.append(
+      element("div", "tool-step-heading", step.state === "error" ? "Error" : "Result"),
+      element("pre", "tool-step-output", step.content),
+    );
+  }
+  return details;
+}
+
+/** Tool calls and their results as collapsible steps; tool output is only ever text. */
+function renderToolSteps(container, steps) {
+  const signature = JSON.stringify(steps);
+  if (container.dataset.rendered === signature) return;
+  const open = new Set([...container.querySelectorAll("details[open]")].map((node) => node.dataset.callId));
+  container.replaceChildren(...steps.map((step) => toolStepElement(step, open.has(step.id))));
+  container.dataset.rendered = signature;
+  container.hidden = steps.length === 0;
+}
+
 /** Refresh an answer's text, state line and actions from its message and stream. */
 export function updateAssistant(item, message, context) {
   const view = assistantView(message, context.stream);
+  renderToolSteps(item.querySelector(".tool-steps"), view.toolSteps);
   const body = item.querySelector(".message-body");
   if (body.dataset.rendered !== view.text || !body.hasChildNodes()) {
     renderMarkdown(body, view.text);

@@ -144,6 +144,15 @@ export class Sidebar {
     this.updateNote();
   }
 
+  /** A title written in the background (an event): update the row if it is listed. */
+  applyTitle(id, title) {
+    const known = this.items.get(id);
+    if (!known || known.conversation.title_set_by_user) return null;
+    known.conversation = { ...known.conversation, title };
+    this.fill(known.item, known.conversation);
+    return known.conversation;
+  }
+
   remove(id) {
     const known = this.items.get(id);
     if (!known) return;

