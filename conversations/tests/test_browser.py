@@ -566,6 +566,11 @@ def test_api_errors_are_shown_and_the_draft_is_kept(
     page.get_by_role("button", name="Dismiss the message").click()
     expect(page.locator("#banner")).to_be_hidden()
 
+    # A page that missed the deletion event (the user's event stream is cut, 204 tells
+    # EventSource not to reconnect) learns of it from the refused send.
+    page.route("**/api/v1/events/stream", lambda route: route.fulfill(status=204))
+    page.reload()
+    expect(page.locator(".message.user")).to_have_count(1)
     conversation_remove(conversation=Conversation.objects.get())
     send(page, "Are you still there?")
     expect(page.locator("#banner-text")).to_have_text("This conversation was deleted.")
