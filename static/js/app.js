@@ -267,6 +267,7 @@ function finishStream(stream, message) {
     message.status = stream.retracted ? "blocked" : FINAL_STATUS[stream.status] || "failed";
     message.content = stream.text;
     if (stream.retracted) message.notice = stream.retracted.message;
+    if (stream.toolSteps.length) message.streamToolSteps = stream.toolSteps;
     message.error = stream.error;
     message.finishReason = stream.finishReason;
     const focused = document.activeElement;

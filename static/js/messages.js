@@ -54,7 +54,8 @@ export function withToolSteps(messages) {
       }
     } else {
       if (message.role === "assistant") {
-        message.tool_steps = steps;
+        // An answer just finished on this page has its steps from its stream until re-read.
+        message.tool_steps = steps.length ? steps : message.streamToolSteps || [];
         if (head && head.sibling_count > 1) {
           message.sibling_index = head.sibling_index;
           message.sibling_count = head.sibling_count;
