@@ -87,3 +87,7 @@ export const switchBranch = (conversationId, messageId) =>
 export const getGeneration = (generationId) => request("GET", `generations/${id(generationId)}`);
 export const cancelGeneration = (generationId) => request("POST", `generations/${id(generationId)}/cancel`);
 export const generationStreamUrl = (generationId) => `${BASE}generations/${id(generationId)}/stream`;
+
+export const getConversationTools = (conversationId) => request("GET", `conversations/${id(conversationId)}/tools`);
+export const setConversationTools = (conversationId, switches) =>
+  request("PATCH", `conversations/${id(conversationId)}/tools`, { tools: switches });

@@ -2,32 +2,7 @@
 // Lists the tools the user's plan offers (GET /api/v1/conversations/<id>/tools) as
 // checkboxes; a change is saved at once (PATCH, with the CSRF header) and undone on failure.
 
-function csrfToken() {
-  for (const part of document.cookie.split(";")) {
-    const [name, ...rest] = part.trim().split("=");
-    if (name === "csrftoken") return decodeURIComponent(rest.join("="));
-  }
-  return "";
-}
-
-async function toolsRequest(method, conversationId, body) {
-  const headers = { Accept: "application/json" };
-  if (body !== undefined) {
-    headers["Content-Type"] = "application/json";
-    headers["X-CSRFToken"] = csrfToken();
-  }
-  const response = await fetch(`/api/v1/conversations/${encodeURIComponent(conversationId)}/tools`, {
-    method,
-    headers,
-    body: body === undefined ? undefined : JSON.stringify(body),
-    credentials: "same-origin",
-  });
-  const data = await response.json().catch(() => null);
-  if (!response.ok) {
-    throw new Error((data && data.error && data.error.message) || `The server answered ${response.status}.`);
-  }
-  return data;
-}
+import { getConversationTools, setConversationTools } from "./api.js";
 
 export class ToolsMenu {
   constructor({ root, list, note }) {
@@ -46,7 +21,7 @@ export class ToolsMenu {
     if (!conversationId) return;
     let data;
     try {
-      data = await toolsRequest("GET", conversationId);
+      data = await getConversationTools(conversationId);
     } catch (error) {
       if (this.conversationId === conversationId) this.note.textContent = error.message;
       return;
@@ -57,12 +32,14 @@ export class ToolsMenu {
 
   render(tools) {
     this.list.replaceChildren();
+    const summary = this.root.querySelector("summary");
     if (!tools.length) {
+      summary.textContent = "Tools";
       this.note.textContent = "No tools are available on your plan.";
       return;
     }
     const enabled = tools.filter((tool) => tool.enabled).length;
-    this.root.querySelector("summary").textContent = `Tools (${enabled}/${tools.length})`;
+    summary.textContent = `Tools (${enabled}/${tools.length})`;
     for (const tool of tools) {
       const item = document.createElement("li");
       const label = document.createElement("label");
@@ -85,7 +62,7 @@ export class ToolsMenu {
     const conversationId = this.conversationId;
     box.disabled = true;
     try {
-      const data = await toolsRequest("PATCH", conversationId, { tools: { [box.dataset.tool]: box.checked } });
+      const data = await setConversationTools(conversationId, { [box.dataset.tool]: box.checked });
       if (this.conversationId === conversationId) {
         this.note.textContent = "";
         this.render(data.tools);
