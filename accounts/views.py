@@ -67,7 +67,10 @@ def api_keys(request: HttpRequest) -> HttpResponse:
 @login_required
 @require_POST
 def api_key_revoke(request: HttpRequest, key_id: int) -> HttpResponse:
-    key = services.api_key_revoke(user=request_user(request), key_id=key_id)
+    try:
+        key = services.api_key_revoke(user=request_user(request), key_id=key_id)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
     messages.success(request, f"Revoked {key.name}.")
     return redirect("accounts:api-keys")
 

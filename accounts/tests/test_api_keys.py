@@ -12,6 +12,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from accounts.models import ApiKey
+from accounts.services import api_key_create
 from accounts.tests.factories import UserFactory
 
 pytestmark = pytest.mark.django_db
@@ -165,3 +166,16 @@ def test_login_refuses_a_wrong_password(client: Client) -> None:
 
     assert response.status_code == 200
     assert "_auth_user_id" not in client.session
+
+
+def test_the_keys_page_cannot_revoke_another_users_key(
+    client: Client, user: Any, other_user: Any
+) -> None:
+    theirs, _ = api_key_create(user=other_user, name="theirs")
+    client.force_login(user)
+
+    response = client.post(f"/accounts/api-keys/{theirs.pk}/revoke/")
+
+    assert response.status_code == 404
+    theirs.refresh_from_db()
+    assert theirs.revoked_at is None
