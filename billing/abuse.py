@@ -44,6 +44,26 @@ def _refusal(request: Any, retry_after: int) -> HttpResponse:
     return JsonResponse(body, status=429, headers=headers)
 
 
+def abuse_retry_after(
+    request: HttpRequest, group: str, *, methods: tuple[str, ...] = ("POST",)
+) -> int | None:
+    """Count this request against its client IP's `group` limit; the seconds to wait if it
+    is over, else None. For views that answer refusals in their own shape (`/v1`)."""
+    if request.method not in methods:
+        return None
+    usage = get_usage(
+        request,
+        group=f"abuse:{group}",
+        key="ip",
+        rate=settings.BILLING_ABUSE_RATES[group],
+        method=list(methods),
+        increment=True,
+    )
+    if usage is not None and usage["should_limit"]:
+        return max(1, int(usage["time_left"]))
+    return None
+
+
 def abuse_limit(group: str, *, methods: tuple[str, ...] = ("POST",)) -> Callable[[_View], _View]:
     """Limit a view (a function view, or a DRF method through `method_decorator`) per client
     IP to `settings.BILLING_ABUSE_RATES[group]` for `methods`."""
@@ -51,17 +71,9 @@ def abuse_limit(group: str, *, methods: tuple[str, ...] = ("POST",)) -> Callable
     def decorator(view: _View) -> _View:
         @functools.wraps(view)
         def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
-            if request.method in methods:
-                usage = get_usage(
-                    request,
-                    group=f"abuse:{group}",
-                    key="ip",
-                    rate=settings.BILLING_ABUSE_RATES[group],
-                    method=list(methods),
-                    increment=True,
-                )
-                if usage is not None and usage["should_limit"]:
-                    return _refusal(request, max(1, int(usage["time_left"])))
+            retry_after = abuse_retry_after(request, group, methods=methods)
+            if retry_after is not None:
+                return _refusal(request, retry_after)
             return view(request, *args, **kwargs)
 
         return cast(_View, wrapped)

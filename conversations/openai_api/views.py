@@ -29,6 +29,7 @@ from redis.exceptions import RedisError
 
 from accounts.models import ApiKey
 from accounts.services import api_key_authenticate
+from billing.abuse import abuse_retry_after
 from billing.selectors import plan_for_user, pools_for_plan
 from chatsite.errors import ServiceError
 from conversations import turns
@@ -162,6 +163,15 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
     if request.method != "POST":
         return _method_not_allowed("POST")
     try:
+        # Per client IP, before any key lookup: the web chat's limit on message POSTs.
+        retry_after = await sync_to_async(abuse_retry_after)(request, "message_post")
+        if retry_after is not None:
+            raise OpenAIError(
+                429,
+                "Too many requests from your network; please wait before trying again.",
+                code="rate_limited",
+                retry_after=retry_after,
+            )
         key = await _authenticate(request)
         wanted = parse_chat_completion(request.body)
         started = await sync_to_async(_start)(key, wanted, request.headers.get("Idempotency-Key"))

@@ -237,6 +237,22 @@ def test_a_quota_refusal_is_429_with_retry_after_and_leaves_nothing(user: User) 
     assert set(Conversation.objects.values_list("pk", flat=True)) == before
 
 
+@pytest.mark.django_db
+def test_too_many_requests_from_one_address_are_refused_before_the_key_is_read(
+    user: User, settings: Any
+) -> None:
+    settings.BILLING_ABUSE_RATES = {**settings.BILLING_ABUSE_RATES, "message_post": "2/h"}
+    client = bearer_client("csk_not-a-key")
+    body = {"model": "smollm2-135m", "messages": HELLO}
+
+    statuses = [client.post(CHAT, body, "application/json").status_code for _ in range(2)]
+    refused = client.post(CHAT, body, "application/json")
+
+    assert statuses == [401, 401]
+    assert_openai_error(refused, 429, type="rate_limit_error", code="rate_limited")
+    assert int(refused["Retry-After"]) >= 1
+
+
 def test_service_errors_map_to_openai_types() -> None:
     from chatsite.errors import ServiceError
 
