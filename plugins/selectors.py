@@ -160,12 +160,14 @@ def tools_for_conversation(
     Those of `tools_for_user` switched on in the conversation. The caller has already
     checked that the conversation belongs to the user.
     """
-    tools = tools_for_user(user=user)
     if conversation is None:
-        return tools
+        return tools_for_user(user=user)
     switches = conversation_tool_switches(conversation=conversation)
     default = settings.PLUGINS_TOOLS_ON_BY_DEFAULT
-    return [spec for spec in tools if switches.get(spec.name, default)]
+    if not default and not any(switches.values()):
+        # Nothing switched on (most turns): skip working out what the plan offers.
+        return []
+    return [spec for spec in tools_for_user(user=user) if switches.get(spec.name, default)]
 
 
 def mcp_server_for_tool(*, name: str) -> tuple[McpServer, str] | None:
