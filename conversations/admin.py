@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .models import Conversation, Message
+from .models import BranchSummary, Conversation, Message
 from .services import conversation_delete
 
 _M = TypeVar("_M", bound=Model)
@@ -99,3 +99,18 @@ class MessageAdmin(ReadOnlyAdmin[Message]):
     def lookup_allowed(self, lookup: str, value: str, request: HttpRequest) -> bool:
         # The conversation page links here filtered by conversation.
         return lookup == "conversation__id__exact" or super().lookup_allowed(lookup, value, request)
+
+
+@admin.register(BranchSummary)
+class BranchSummaryAdmin(ReadOnlyAdmin[BranchSummary]):
+    """Rolling summaries, read-only: written by the Celery task, gone with their branch."""
+
+    list_display = ["__str__", "conversation_link", "covered_messages", "tokens", "created_at"]
+    list_filter = ["model"]
+    search_fields = ["conversation__title", "conversation__owner__username"]
+    list_select_related = ["conversation", "conversation__owner"]
+
+    @admin.display(description="Conversation")
+    def conversation_link(self, summary: BranchSummary) -> SafeString:
+        url = reverse("admin:conversations_conversation_change", args=[summary.conversation_id])
+        return format_html('<a href="{}">{}</a>', url, summary.conversation)

@@ -8,7 +8,7 @@ import pytest
 from django.test import Client
 
 from accounts.tests.factories import UserFactory
-from conversations.models import Conversation, Message
+from conversations.models import BranchSummary, Conversation, Message
 
 from .factories import ConversationFactory, exchange
 
@@ -98,3 +98,26 @@ def test_deleting_from_the_admin_keeps_a_tombstone(
     assert conversation.deleted_at is not None
     assert conversation.title == ""
     assert not Message.objects.filter(conversation=conversation).exists()
+
+
+def test_branch_summaries_are_listed_read_only(
+    staff_client: Client, conversation: Conversation
+) -> None:
+    answer = Message.objects.get(conversation=conversation, role=Message.Role.ASSISTANT)
+    summary = BranchSummary.objects.create(
+        conversation=conversation,
+        through_message=answer,
+        content="They chose Lisbon.",
+        tokens=5,
+        covered_messages=2,
+        model="smollm2-135m",
+    )
+
+    listing = staff_client.get("/admin/conversations/branchsummary/", {"q": "holiday"})
+    page = staff_client.get(f"/admin/conversations/branchsummary/{summary.pk}/change/")
+
+    assert listing.status_code == 200
+    assert str(summary) in listing.content.decode()
+    assert "They chose Lisbon." in page.content.decode()
+    assert 'name="content"' not in page.content.decode()
+    assert staff_client.get("/admin/conversations/branchsummary/add/").status_code == 403
