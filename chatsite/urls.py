@@ -9,6 +9,7 @@ urlpatterns = [
     path("admin/", admin.site.urls),
     path("accounts/", include("accounts.urls")),
     path("billing/", include("billing.urls")),
+    path("moderation/", include("moderation.urls")),
     path("api/v1/", include("chatsite.api.urls")),
     path("v1/", include("conversations.openai_api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),

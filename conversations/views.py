@@ -21,6 +21,7 @@ from chatsite.auth import request_user
 from chatsite.errors import NotFound
 from conversations import selectors
 from conversations.models import Conversation
+from moderation.selectors import warnings_unseen
 
 
 def _chat_page(request: HttpRequest, conversation: Conversation | None) -> HttpResponse:
@@ -34,7 +35,12 @@ def _chat_page(request: HttpRequest, conversation: Conversation | None) -> HttpR
         "messageMaxChars": settings.MESSAGE_MAX_CHARS,
         "loginUrl": resolve_url(settings.LOGIN_URL),
     }
-    context = {"conversation": conversation, "models": models, "chat_config": config}
+    context = {
+        "conversation": conversation,
+        "models": models,
+        "chat_config": config,
+        "moderation_warnings": warnings_unseen(user=user),
+    }
     return render(request, "conversations/chat.html", context)
 
 

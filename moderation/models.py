@@ -165,6 +165,8 @@ class Sanction(models.Model):
     lifted_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.SET_NULL, related_name="+"
     )
+    # A warning is shown on the user's chat page until they acknowledge it.
+    seen_at = models.DateTimeField(null=True, blank=True)
 
     class Meta:
         ordering = ["-created_at", "-id"]

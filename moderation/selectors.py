@@ -94,3 +94,12 @@ def sanction_in_force(*, user_id: Any) -> Sanction | None:
     if ban is not None:
         return ban
     return sanctions.order_by("-ends_at").first()
+
+
+def warnings_unseen(*, user: Any) -> list[Sanction]:
+    """Staff warnings on `user`'s account not yet acknowledged, oldest first."""
+    return list(
+        Sanction.objects.filter(
+            user=user, kind=Sanction.Kind.WARNING, seen_at__isnull=True, lifted_at__isnull=True
+        ).order_by("created_at", "id")
+    )

@@ -19,7 +19,7 @@ from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
-from chatsite.errors import ServiceError
+from chatsite.errors import NotFound, ServiceError
 
 from . import engine, selectors
 from .categories import label
@@ -207,6 +207,17 @@ def user_warn(*, flag: Flag, by: User, reason: str = "") -> Sanction:
             detail={"reason": reason},
         )
     return sanction
+
+
+def warning_acknowledge(*, user: Any, sanction_id: int) -> Sanction:
+    """The user has read a warning on their account: stop showing it. Another user's
+    warning, or one already acknowledged, is NotFound."""
+    updated = Sanction.objects.filter(
+        pk=sanction_id, user=user, kind=Sanction.Kind.WARNING, seen_at__isnull=True
+    ).update(seen_at=timezone.now())
+    if not updated:
+        raise NotFound("Warning not found.")
+    return Sanction.objects.get(pk=sanction_id)
 
 
 def user_suspend(
