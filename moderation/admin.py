@@ -22,15 +22,25 @@ from . import services
 from .models import AuditEntry, CategoryThreshold, Flag, Rule, Sanction
 
 
-def _open_only(queryset: QuerySet[Flag]) -> QuerySet[Flag]:
+def _not_dismissed(queryset: QuerySet[Flag]) -> QuerySet[Flag]:
+    """Flags a sanction may still rest on: open ones, and ones already confirmed."""
     return queryset.exclude(status=Flag.Status.DISMISSED)
+
+
+def _each_open(queryset: QuerySet[Flag], review: Callable[[Flag], Any]) -> int:
+    """Apply `review` to every still-open flag of the selection; how many it was."""
+    count = 0
+    for flag in queryset.filter(status=Flag.Status.OPEN):
+        review(flag)
+        count += 1
+    return count
 
 
 def _suspend_action(hours: int) -> Callable[..., None]:
     def action(modeladmin: FlagAdmin, request: HttpRequest, queryset: QuerySet[Flag]) -> None:
         staff = request_user(request)
         users = set()
-        for flag in _open_only(queryset).select_related("user"):
+        for flag in _not_dismissed(queryset).select_related("user"):
             if flag.user_id in users:
                 services.flag_confirm(flag=flag, reviewer=staff)
                 continue
@@ -137,35 +147,28 @@ class FlagAdmin(admin.ModelAdmin[Flag]):
     @admin.action(description="Dismiss (no violation)", permissions=["review"])
     def dismiss(self, request: HttpRequest, queryset: QuerySet[Flag]) -> None:
         staff = request_user(request)
-        count = 0
-        for flag in queryset.filter(status=Flag.Status.OPEN):
-            services.flag_dismiss(flag=flag, reviewer=staff)
-            count += 1
+        count = _each_open(queryset, lambda flag: services.flag_dismiss(flag=flag, reviewer=staff))
         self.message_user(request, f"Dismissed {count} flag(s).")
 
     @admin.action(description="Confirm (a strike)", permissions=["review"])
     def confirm(self, request: HttpRequest, queryset: QuerySet[Flag]) -> None:
         staff = request_user(request)
-        count = 0
-        for flag in queryset.filter(status=Flag.Status.OPEN):
-            services.flag_confirm(flag=flag, reviewer=staff)
-            count += 1
+        count = _each_open(queryset, lambda flag: services.flag_confirm(flag=flag, reviewer=staff))
         self.message_user(request, f"Confirmed {count} flag(s).")
 
     @admin.action(description="Confirm and warn the author", permissions=["review"])
     def warn(self, request: HttpRequest, queryset: QuerySet[Flag]) -> None:
         staff = request_user(request)
-        count = 0
-        for flag in queryset.filter(status=Flag.Status.OPEN):
-            services.user_warn(flag=flag, by=staff, reason=f"Flag {flag.pk}")
-            count += 1
+        count = _each_open(
+            queryset, lambda flag: services.user_warn(flag=flag, by=staff, reason=f"Flag {flag.pk}")
+        )
         self.message_user(request, f"Warned the authors of {count} flag(s).")
 
     @admin.action(description="Confirm and ban the author", permissions=["review"])
     def ban(self, request: HttpRequest, queryset: QuerySet[Flag]) -> None:
         staff = request_user(request)
         banned = set()
-        for flag in _open_only(queryset).select_related("user"):
+        for flag in _not_dismissed(queryset).select_related("user"):
             if flag.user_id in banned:
                 continue
             banned.add(flag.user_id)

@@ -190,23 +190,16 @@ def flag_confirm(*, flag: Flag, reviewer: User) -> Flag:
 def user_warn(*, flag: Flag, by: User, reason: str = "") -> Sanction:
     """Confirm the flag and warn its author (a warning refuses nothing)."""
     with transaction.atomic():
+        # A warning is the confirmed flag's only outcome: it counts as a strike.
         flag_confirm(flag=flag, reviewer=by)
-        sanction = Sanction.objects.create(
+        return _sanction_impose(
             user_id=flag.user_id,
             kind=Sanction.Kind.WARNING,
-            reason=reason,
-            flag=flag,
-            created_by=by,
-        )
-        _audit(
-            actor=by,
             action=AuditEntry.Action.USER_WARNED,
-            target_user=flag.user_id,
+            by=by,
             flag=flag,
-            sanction=sanction,
-            detail={"reason": reason},
+            reason=reason,
         )
-    return sanction
 
 
 def warning_acknowledge(*, user: Any, sanction_id: int) -> Sanction:
@@ -220,6 +213,38 @@ def warning_acknowledge(*, user: Any, sanction_id: int) -> Sanction:
     return Sanction.objects.get(pk=sanction_id)
 
 
+def _sanction_impose(
+    *,
+    user_id: Any,
+    kind: str,
+    action: str,
+    by: User | None,
+    flag: Flag | None,
+    reason: str,
+    ends_at: Any = None,
+    detail: dict[str, Any] | None = None,
+) -> Sanction:
+    """Confirm `flag` if staff have not yet (no strike counted: the sanction is the outcome),
+    then impose and audit the sanction. Runs inside the caller's transaction."""
+    if flag is not None and by is not None and flag.status != Flag.Status.CONFIRMED:
+        _review(flag, reviewer=by, status=Flag.Status.CONFIRMED)
+        _audit(
+            actor=by, action=AuditEntry.Action.FLAG_CONFIRMED, target_user=flag.user_id, flag=flag
+        )
+    sanction = Sanction.objects.create(
+        user_id=user_id, kind=kind, reason=reason, flag=flag, created_by=by, ends_at=ends_at
+    )
+    _audit(
+        actor=by,
+        action=action,
+        target_user=user_id,
+        flag=flag,
+        sanction=sanction,
+        detail={**(detail or {}), "reason": reason},
+    )
+    return sanction
+
+
 def user_suspend(
     *, user: Any, by: User | None, hours: int, flag: Flag | None = None, reason: str = ""
 ) -> Sanction:
@@ -227,62 +252,31 @@ def user_suspend(
     flag is confirmed first."""
     if hours <= 0:
         raise ValueError("a suspension lasts at least an hour")
+    ends_at = timezone.now() + timedelta(hours=hours)
     with transaction.atomic():
-        if flag is not None and by is not None and flag.status != Flag.Status.CONFIRMED:
-            _review(flag, reviewer=by, status=Flag.Status.CONFIRMED)
-            _audit(
-                actor=by,
-                action=AuditEntry.Action.FLAG_CONFIRMED,
-                target_user=flag.user_id,
-                flag=flag,
-            )
-        ends_at = timezone.now() + timedelta(hours=hours)
-        sanction = Sanction.objects.create(
+        return _sanction_impose(
             user_id=getattr(user, "pk", user),
             kind=Sanction.Kind.SUSPENSION,
-            reason=reason,
-            flag=flag,
-            created_by=by,
-            ends_at=ends_at,
-        )
-        _audit(
-            actor=by,
             action=AuditEntry.Action.USER_SUSPENDED,
-            target_user=sanction.user_id,
+            by=by,
             flag=flag,
-            sanction=sanction,
-            detail={"hours": hours, "until": ends_at.isoformat(), "reason": reason},
+            reason=reason,
+            ends_at=ends_at,
+            detail={"hours": hours, "until": ends_at.isoformat()},
         )
-    return sanction
 
 
 def user_ban(*, user: Any, by: User, flag: Flag | None = None, reason: str = "") -> Sanction:
     """Refuse every send of `user` until staff lift the ban."""
     with transaction.atomic():
-        if flag is not None and flag.status != Flag.Status.CONFIRMED:
-            _review(flag, reviewer=by, status=Flag.Status.CONFIRMED)
-            _audit(
-                actor=by,
-                action=AuditEntry.Action.FLAG_CONFIRMED,
-                target_user=flag.user_id,
-                flag=flag,
-            )
-        sanction = Sanction.objects.create(
+        return _sanction_impose(
             user_id=getattr(user, "pk", user),
             kind=Sanction.Kind.BAN,
-            reason=reason,
-            flag=flag,
-            created_by=by,
-        )
-        _audit(
-            actor=by,
             action=AuditEntry.Action.USER_BANNED,
-            target_user=sanction.user_id,
+            by=by,
             flag=flag,
-            sanction=sanction,
-            detail={"reason": reason},
+            reason=reason,
         )
-    return sanction
 
 
 def sanction_lift(*, sanction: Sanction, by: User) -> Sanction:
