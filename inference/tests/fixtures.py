@@ -101,6 +101,25 @@ async def generation_status(generation_id: Any) -> str:
 async_stream_events = sync_to_async(stream_events)
 
 
+async def finished(generation_id: Any) -> bool:
+    """Whether the generation has reached a final status."""
+    from inference.models import Generation
+
+    return (await Generation.objects.aget(pk=generation_id)).is_final
+
+
+def send_turn(user: Any, content: str = "Hello there", conversation: Any = None) -> Any:
+    """A user's turn through the real request path (a new conversation unless one is given)."""
+    from conversations.services import conversation_create
+    from conversations.turns import turn_send
+
+    conversation = conversation or conversation_create(owner=user)
+    return turn_send(user=user, conversation=conversation, content=content)
+
+
+send = sync_to_async(send_turn)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

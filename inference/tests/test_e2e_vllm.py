@@ -5,8 +5,6 @@ Started once per session (about 40 s); `make test` and CI run these.
 
 from __future__ import annotations
 
-from typing import Any
-
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
@@ -17,7 +15,7 @@ from conversations.turns import Turn, turn_send
 from inference import services
 from inference.models import Generation, ModelPool, Worker
 
-from .fixtures import RealWorker, running_schedulers, stream_events, wait_for
+from .fixtures import RealWorker, finished, running_schedulers, stream_events, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -50,10 +48,6 @@ def _send(user: User, content: str, conversation: Conversation | None = None) ->
 
 
 send = sync_to_async(_send)
-
-
-async def finished(generation_id: Any) -> bool:
-    return (await Generation.objects.aget(pk=generation_id)).is_final
 
 
 async def test_a_sent_message_gets_a_real_answer(

@@ -15,40 +15,23 @@ from django.contrib.auth.models import User
 from django.db import OperationalError
 
 from billing.tests.factories import subscribe
-from conversations.models import Conversation, Message
-from conversations.services import conversation_create
-from conversations.turns import Turn, turn_send
+from conversations.models import Message
 from inference import queue, services
 from inference import scheduler as scheduler_module
 from inference.models import Generation, Worker
 
 from .fixtures import (
+    finished,
     generation_status,
     register_pool,
     running_schedulers,
+    send,
+    send_turn,
     stream_events,
     wait_for,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _send(
-    user: User, content: str = "Hello there", conversation: Conversation | None = None
-) -> Turn:
-    conversation = conversation or conversation_create(owner=user)
-    return turn_send(user=user, conversation=conversation, content=content)
-
-
-send = sync_to_async(_send)
-
-
-def _final(generation_id: Any) -> bool:
-    return Generation.objects.get(pk=generation_id).is_final
-
-
-async def finished(generation_id: Any) -> bool:
-    return await sync_to_async(_final)(generation_id)
 
 
 def events_named(generation_id: Any) -> list[str]:
@@ -282,7 +265,7 @@ async def test_worker_down_is_marked_and_comes_back(fake_workers: Any) -> None:
 
 def test_stale_generation_of_a_dead_replica_is_swept(user: User) -> None:
     register_pool()
-    turn = _send(user)
+    turn = send_turn(user)
     redis = queue.sync_redis()
     gid = str(turn.generation.id)
     # A replica claimed it, started streaming, then died without a word.
@@ -300,7 +283,7 @@ def test_stale_generation_of_a_dead_replica_is_swept(user: User) -> None:
     assert generation.message.content == "partial "
     assert events_named(gid)[-2:] == ["error", "done"]
     # A generation owned by a live replica is left alone.
-    other = _send(user, conversation=turn.conversation)
+    other = send_turn(user, conversation=turn.conversation)
     redis.hset(queue.job_key(str(other.generation.id)), "owner", "live-replica")
     Generation.objects.filter(pk=other.generation.id).update(enqueued_at=long_ago)
     assert services.generation_sweep_stale(live_replicas={"live-replica"}) == 0
@@ -310,7 +293,7 @@ def test_sweeper_task_sees_live_replicas_by_their_heartbeat(user: User) -> None:
     from inference.tasks import sweep_stale_generations
 
     register_pool()
-    turn = _send(user)
+    turn = send_turn(user)
     gid = str(turn.generation.id)
     redis = queue.sync_redis()
     redis.zrem(queue.queue_key(turn.generation.pool.name, turn.generation.tier), gid)

@@ -20,7 +20,7 @@ from conversations.context import assemble_context, load_tokenizer
 from conversations.models import Conversation, Message
 from conversations.selectors import active_branch
 from conversations.services import conversation_create
-from conversations.turns import Turn, turn_regenerate, turn_send
+from conversations.turns import turn_regenerate
 from inference import services
 from inference.client import ToolCallAssembler, ToolCallDelta
 from inference.management.commands.run_worker import build_worker_argv
@@ -28,7 +28,7 @@ from inference.models import Generation
 from plugins.registry import Registry, registry_build, registry_reset
 from plugins.tests import fakes
 
-from .fixtures import register_pool, running_schedulers, stream_events, wait_for
+from .fixtures import finished, register_pool, running_schedulers, send, stream_events, wait_for
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -54,22 +54,6 @@ def test_plugins(settings: Any) -> Iterator[Registry]:
     yield registry
     fakes.release_hang.set()
     registry_reset()
-
-
-def _send(user: User, content: str, conversation: Conversation | None = None) -> Turn:
-    conversation = conversation or conversation_create(owner=user)
-    return turn_send(user=user, conversation=conversation, content=content)
-
-
-send = sync_to_async(_send)
-
-
-def _final(generation_id: Any) -> bool:
-    return Generation.objects.get(pk=generation_id).is_final
-
-
-async def finished(generation_id: Any) -> bool:
-    return await sync_to_async(_final)(generation_id)
 
 
 def _branch(conversation_id: Any) -> list[Message]:

@@ -23,7 +23,7 @@ from inference.models import Generation, ModelPool, Worker
 from inference.services import generation_start
 from plugins.services import conversation_tools_set
 
-from .fixtures import RealWorker, running_schedulers, stream_events, wait_for
+from .fixtures import RealWorker, finished, running_schedulers, stream_events, wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -56,10 +56,6 @@ def _ask_forcing_the_calculator(user: User, content: str) -> Generation:
 
 def _branch(conversation_id: Any) -> list[Message]:
     return active_branch(conversation=Conversation.objects.get(pk=conversation_id))
-
-
-async def finished(generation_id: Any) -> bool:
-    return (await Generation.objects.aget(pk=generation_id)).is_final
 
 
 async def test_a_forced_calculator_call_runs_and_the_answer_continues_from_its_result(

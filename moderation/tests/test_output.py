@@ -14,16 +14,17 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from conversations.models import Message
-from conversations.services import conversation_create
-from conversations.turns import Turn, turn_send
+from conversations.turns import Turn
 from inference import queue
 from inference.api.stream import _stored_events
 from inference.models import Generation
 from inference.tests.fake_worker import FakeWorker
 from inference.tests.fixtures import (
     LiveEdge,
+    finished,
     register_pool,
     running_schedulers,
+    send,
     stream_events,
     wait_for,
 )
@@ -68,18 +69,6 @@ def small_windows(settings: Any) -> None:
     # Windows of 20 tokens (80 characters) overlapping by 5: a check every 60 characters.
     settings.MODERATION_WINDOW_TOKENS = 20
     settings.MODERATION_WINDOW_OVERLAP_TOKENS = 5
-
-
-def _send(user: User, content: str = "Tell me about the weather.") -> Turn:
-    conversation = conversation_create(owner=user)
-    return turn_send(user=user, conversation=conversation, content=content)
-
-
-send = sync_to_async(_send)
-
-
-async def finished(generation_id: Any) -> bool:
-    return (await Generation.objects.aget(pk=generation_id)).is_final
 
 
 async def run_bad_answer(user: User) -> tuple[Turn, ScriptedWorker]:
