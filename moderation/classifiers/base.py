@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import ClassVar
+from typing import Any, ClassVar
+
+import httpx
 
 from moderation.categories import CATEGORIES
 
@@ -40,3 +42,25 @@ def clamp(scores: Scores) -> Scores:
         for category, score in scores.items()
         if category in CATEGORIES
     }
+
+
+def post_json(
+    url: str,
+    body: dict[str, Any],
+    *,
+    timeout: float,
+    what: str,
+    headers: dict[str, str] | None = None,
+) -> Any:
+    """POST `body` to an HTTP backend and return its JSON answer; anything else (unreachable,
+    a status other than 200, a body that is not JSON) is a ClassifierError naming `what`."""
+    try:
+        response = httpx.post(url, json=body, headers=headers, timeout=timeout)
+    except httpx.HTTPError as exc:
+        raise ClassifierError(f"{what} unreachable: {exc}") from exc
+    if response.status_code != 200:
+        raise ClassifierError(f"{what} answered {response.status_code}")
+    try:
+        return response.json()
+    except ValueError as exc:
+        raise ClassifierError(f"{what} sent an unreadable answer") from exc

@@ -16,12 +16,11 @@ import threading
 import time
 from typing import Any
 
-import httpx
 from django.conf import settings
 
 from moderation.categories import CATEGORIES
 
-from .base import Classifier, ClassifierError, Scores
+from .base import Classifier, ClassifierError, Scores, post_json
 
 WORKERS_REFRESH_SECONDS = 10.0
 _CODES = re.compile(r"\bS\d{1,2}\b")
@@ -99,19 +98,15 @@ class LlamaGuardClassifier(Classifier):
             "logprobs": True,
             "top_logprobs": 5,
         }
+        answer = post_json(
+            f"{url}/v1/chat/completions",
+            body,
+            timeout=settings.MODERATION_LLAMA_GUARD_TIMEOUT_SECONDS,
+            what=f"Llama Guard worker {url}",
+        )
         try:
-            response = httpx.post(
-                f"{url}/v1/chat/completions",
-                json=body,
-                timeout=settings.MODERATION_LLAMA_GUARD_TIMEOUT_SECONDS,
-            )
-        except httpx.HTTPError as exc:
-            raise ClassifierError(f"Llama Guard worker {url} unreachable: {exc}") from exc
-        if response.status_code != 200:
-            raise ClassifierError(f"Llama Guard worker {url} answered {response.status_code}")
-        try:
-            choice = response.json()["choices"][0]
+            choice = answer["choices"][0]
             content = str(choice["message"]["content"])
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except (KeyError, IndexError, TypeError) as exc:
             raise ClassifierError(f"Llama Guard worker {url} sent an unreadable answer") from exc
         return parse_llama_guard(content, confidence=unsafe_probability(choice))

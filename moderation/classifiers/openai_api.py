@@ -8,12 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 from django.conf import settings
 
 from moderation.categories import Category
 
-from .base import Classifier, ClassifierError, Scores
+from .base import Classifier, ClassifierError, Scores, post_json
 
 OPENAI_CATEGORIES: dict[str, tuple[str, ...]] = {
     "harassment": (Category.HARASSMENT,),
@@ -51,22 +50,18 @@ class OpenAIModerationClassifier(Classifier):
         headers = {}
         if settings.MODERATION_OPENAI_API_KEY:
             headers["Authorization"] = f"Bearer {settings.MODERATION_OPENAI_API_KEY}"
+        answer = post_json(
+            f"{url}/moderations",
+            {"model": settings.MODERATION_OPENAI_MODEL, "input": text},
+            headers=headers,
+            timeout=settings.MODERATION_OPENAI_TIMEOUT_SECONDS,
+            what="moderation API",
+        )
         try:
-            response = httpx.post(
-                f"{url}/moderations",
-                json={"model": settings.MODERATION_OPENAI_MODEL, "input": text},
-                headers=headers,
-                timeout=settings.MODERATION_OPENAI_TIMEOUT_SECONDS,
-            )
-        except httpx.HTTPError as exc:
-            raise ClassifierError(f"moderation API unreachable: {exc}") from exc
-        if response.status_code != 200:
-            raise ClassifierError(f"moderation API answered {response.status_code}")
-        try:
-            result = response.json()["results"][0]
+            result = answer["results"][0]
             category_scores = result["category_scores"]
             if not isinstance(category_scores, dict):
                 raise TypeError("category_scores is not an object")
             return map_openai_scores(category_scores)
-        except (ValueError, KeyError, IndexError, TypeError) as exc:
+        except (KeyError, IndexError, TypeError) as exc:
             raise ClassifierError("moderation API sent an unreadable answer") from exc
