@@ -45,7 +45,7 @@ from unittest import mock
 
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import percentile, prepare_stores, render
+from benchmarks.common import django_start, percentile, prepare_stores, render
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -59,12 +59,7 @@ def fail(message: str) -> NoReturn:
 
 
 def bootstrap() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
-    os.environ.setdefault("DATABASE_URL", DEFAULT_DATABASE_URL)
-    os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)
-    import django
-
-    django.setup()
+    django_start(database_url=DEFAULT_DATABASE_URL, redis_url=DEFAULT_REDIS_URL)
     from django.conf import settings
 
     settings.ALLOWED_HOSTS = [*settings.ALLOWED_HOSTS, "testserver"]

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import logging
 import math
+import os
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -73,3 +75,17 @@ def prepare_stores() -> None:
     call_command("migrate", verbosity=0, interactive=False)
     redis.flushdb()
     redis.close()
+
+
+def django_start(*, database_url: str | None = None, redis_url: str | None = None) -> None:
+    """Start Django for a benchmark: its own database and Redis unless the environment names
+    others, and no log line per HTTP request (readiness probes would flood the output)."""
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+    if database_url:
+        os.environ.setdefault("DATABASE_URL", database_url)
+    if redis_url:
+        os.environ.setdefault("REDIS_URL", redis_url)
+    import django
+
+    django.setup()
+    logging.getLogger("httpx").setLevel(logging.WARNING)

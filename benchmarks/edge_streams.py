@@ -82,7 +82,7 @@ if TYPE_CHECKING:
 
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import percentile, prepare_stores, render
+from benchmarks.common import django_start, percentile, prepare_stores, render
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -116,17 +116,7 @@ CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 def bootstrap() -> None:
     """Configure and start Django with this script's own database and Redis by default."""
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
-    os.environ.setdefault("DATABASE_URL", DEFAULT_DATABASE_URL)
-    os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)
-    import django
-
-    django.setup()
-
-    import logging
-
-    # One line per readiness probe of the edge is noise in the output.
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    django_start(database_url=DEFAULT_DATABASE_URL, redis_url=DEFAULT_REDIS_URL)
 
 
 def maintenance_conninfo(database: Mapping[str, Any]) -> str:

@@ -52,7 +52,7 @@ import openai
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import percentile, prepare_stores, render  # noqa: E402
+from benchmarks.common import django_start, percentile, prepare_stores, render  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_oaibench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -170,15 +170,7 @@ async def run_level(
 
 
 def bootstrap() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
-    os.environ.setdefault("DATABASE_URL", DEFAULT_DATABASE_URL)
-    os.environ.setdefault("REDIS_URL", DEFAULT_REDIS_URL)
-    import django
-
-    django.setup()
-    import logging
-
-    logging.getLogger("httpx").setLevel(logging.WARNING)
+    django_start(database_url=DEFAULT_DATABASE_URL, redis_url=DEFAULT_REDIS_URL)
 
 
 def prepare(urls: list[str], served_model: str) -> str:

@@ -34,7 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import secrets
 import sys
 import time
@@ -45,7 +44,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import percentile, prepare_stores, render
+from benchmarks.common import django_start, percentile, prepare_stores, render
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -77,16 +76,10 @@ class Mode:
 
 
 def bootstrap() -> None:
-    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
-    import django
-
-    django.setup()
-    import logging
-
+    django_start()
     from django.conf import settings
 
     settings.INFERENCE_WORKERS = []
-    logging.getLogger("httpx").setLevel(logging.WARNING)
 
 
 async def _ask(url: str, model: str, messages: list[dict[str, Any]], max_tokens: int) -> Any:
