@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import socket
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -89,3 +90,10 @@ def django_start(*, database_url: str | None = None, redis_url: str | None = Non
 
     django.setup()
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def free_port() -> int:
+    """A TCP port on the loopback nobody listens on right now."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])

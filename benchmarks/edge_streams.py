@@ -61,7 +61,6 @@ import resource
 import secrets
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -82,7 +81,7 @@ if TYPE_CHECKING:
 
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import django_start, percentile, prepare_stores, render
+from benchmarks.common import django_start, free_port, percentile, prepare_stores, render
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -221,12 +220,6 @@ class Edge:
     @property
     def pid(self) -> int:
         return self.process.pid
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_edge(log_dir: Path, *, heartbeat: int) -> Edge:

@@ -52,7 +52,7 @@ import openai
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import django_start, percentile, prepare_stores, render  # noqa: E402
+from benchmarks.common import django_start, free_port, percentile, prepare_stores, render  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_oaibench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -204,14 +204,6 @@ def prepare(urls: list[str], served_model: str) -> str:
     user = User.objects.create_user(username=f"oai-bench-{secrets.token_hex(4)}")
     subscription_set(user=user, plan=plan)
     return api_key_create(user=user, name="benchmark", store_conversations=False)[1]
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start(command: list[str], log: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:

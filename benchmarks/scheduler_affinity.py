@@ -39,7 +39,6 @@ import platform
 import secrets
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -63,7 +62,7 @@ if TYPE_CHECKING:
 
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import django_start, percentile, prepare_stores, render
+from benchmarks.common import django_start, free_port, percentile, prepare_stores, render
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -143,12 +142,6 @@ class WorkerProcess:
     url: str
     process: subprocess.Popen[bytes]
     log: Path
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def start_workers(count: int, log_dir: Path, started: list[WorkerProcess]) -> None:
