@@ -6,50 +6,30 @@ missed (within the capped stream). Heartbeats keep proxies from closing an idle 
 
 from __future__ import annotations
 
-import re
 from collections.abc import AsyncIterator
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
-from django.contrib.auth.models import User
 from django.db import connections
-from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpResponse
+from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 from redis.exceptions import RedisError
 
-from accounts.services import api_key_authenticate
 from inference import queue
-from inference.api.stream import format_event
+from inference.api.stream import EVENT_ID, error_response, format_event, stream_caller
 
 from ..events import user_events_key
-
-_EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-
-
-def _error(status: int, code: str, message: str) -> JsonResponse:
-    return JsonResponse(
-        {"error": {"code": code, "message": message, "detail": None}}, status=status
-    )
-
-
-async def _caller(request: HttpRequest) -> User | None:
-    scheme, _, raw_key = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and raw_key.strip():
-        key = await sync_to_async(api_key_authenticate)(raw_key=raw_key.strip())
-        return key.user if key is not None else None
-    user = await request.auser()
-    return user if isinstance(user, User) and user.is_authenticated else None
 
 
 async def user_event_stream(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     if request.method != "GET":
-        return _error(405, "method_not_allowed", "Only GET is allowed here.")
-    user = await _caller(request)
+        return error_response(405, "method_not_allowed", "Only GET is allowed here.")
+    user = await stream_caller(request)
     if user is None:
-        return _error(401, "not_authenticated", "Log in or send an API key.")
+        return error_response(401, "not_authenticated", "Log in or send an API key.")
     last_id = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id") or ""
-    if last_id and not _EVENT_ID.match(last_id):
-        return _error(400, "invalid_last_event_id", "Last-Event-ID is not an event id.")
+    if last_id and not EVENT_ID.match(last_id):
+        return error_response(400, "invalid_last_event_id", "Last-Event-ID is not an event id.")
     redis = queue.async_redis(socket_timeout=settings.STREAM_HEARTBEAT_SECONDS + 10)
     stream = user_events_key(user.pk)
     if not last_id:

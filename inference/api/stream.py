@@ -33,19 +33,22 @@ from inference.models import Generation
 
 logger = logging.getLogger(__name__)
 
-_EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+# A Redis Stream entry id, as clients send it back in Last-Event-ID.
+EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
 # Entries read per round trip: bounds what one connection holds in memory at a time.
 READ_BATCH = 64
 TERMINAL_EVENTS = {"done"}
 
 
-def _error(status: int, code: str, message: str) -> JsonResponse:
+def error_response(status: int, code: str, message: str) -> JsonResponse:
+    """The one error shape, for the streaming views that DRF does not handle."""
     return JsonResponse(
         {"error": {"code": code, "message": message, "detail": None}}, status=status
     )
 
 
-async def _caller(request: HttpRequest) -> User | None:
+async def stream_caller(request: HttpRequest) -> User | None:
+    """Who opens a stream: an API key's owner (Bearer) or the session's user; None if nobody."""
     header = request.headers.get("Authorization", "")
     scheme, _, raw_key = header.partition(" ")
     if scheme.lower() == "bearer" and raw_key.strip():
@@ -65,20 +68,20 @@ async def generation_stream(
     request: HttpRequest, generation_id: UUID
 ) -> HttpResponse | StreamingHttpResponse:
     if request.method != "GET":
-        return _error(405, "method_not_allowed", "Only GET is allowed here.")
-    user = await _caller(request)
+        return error_response(405, "method_not_allowed", "Only GET is allowed here.")
+    user = await stream_caller(request)
     if user is None:
-        return _error(401, "not_authenticated", "Log in or send an API key.")
+        return error_response(401, "not_authenticated", "Log in or send an API key.")
     try:
         generation = await sync_to_async(selectors.generation_for_user)(
             user=user, generation_id=generation_id
         )
     except NotFound as exc:
-        return _error(404, exc.code, exc.message)
+        return error_response(404, exc.code, exc.message)
 
     last_id = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id") or "0-0"
-    if not _EVENT_ID.match(last_id):
-        return _error(400, "invalid_last_event_id", "Last-Event-ID is not an event id.")
+    if not EVENT_ID.match(last_id):
+        return error_response(400, "invalid_last_event_id", "Last-Event-ID is not an event id.")
 
     # The blocking read outlasts redis-py's default socket timeout unless told otherwise.
     redis = queue.async_redis(socket_timeout=settings.STREAM_HEARTBEAT_SECONDS + 10)
