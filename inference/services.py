@@ -215,6 +215,17 @@ _MESSAGE_STATUS = {
 }
 
 
+def _unfinished_locked(generation_id: Any) -> Generation | None:
+    """The generation, row-locked until the transaction ends, if it is not final yet."""
+    return (
+        Generation.objects.select_for_update(of=("self",))
+        .select_related("pool")
+        .filter(pk=generation_id)
+        .exclude(status__in=Generation.FINAL_STATUSES)
+        .first()
+    )
+
+
 def generation_finish(
     *,
     generation_id: Any,
@@ -230,13 +241,7 @@ def generation_finish(
     """Write the final state once, then close the stream; False if it was already final."""
     now = timezone.now()
     with transaction.atomic():
-        generation = (
-            Generation.objects.select_for_update(of=("self",))
-            .select_related("pool")
-            .filter(pk=generation_id)
-            .exclude(status__in=Generation.FINAL_STATUSES)
-            .first()
-        )
+        generation = _unfinished_locked(generation_id)
         if generation is None:
             if not Generation.objects.filter(pk=generation_id).exists():
                 # Its conversation was deleted meanwhile: leave nothing behind in Redis.
@@ -344,13 +349,7 @@ def generation_add_tool_round(
             .filter(pk=conversation_id, deleted_at__isnull=True)
             .first()
         )
-        generation = (
-            Generation.objects.select_for_update(of=("self",))
-            .select_related("pool")
-            .filter(pk=generation_id)
-            .exclude(status__in=Generation.FINAL_STATUSES)
-            .first()
-        )
+        generation = _unfinished_locked(generation_id)
         if conversation is None or generation is None:
             return False
         placeholder = Message.objects.select_related("parent").get(pk=generation.message_id)
