@@ -1,0 +1,105 @@
+"""The catalogue of a generation's stream events: every name, and the shape of its payload.
+
+A generation's answer travels as entries of its Redis Stream (`{"event": name, "data": json}`,
+the entry id being the SSE id). The scheduler writes them, the SSE views relay them, the
+`/v1` shapes translate them and the page's `static/js/stream.js` renders them: all follow this
+module, and a test holds the JavaScript's list of names to it.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from typing import Any, TypedDict
+
+
+class StreamEvent(enum.StrEnum):
+    """The name of one event on a generation's stream."""
+
+    META = "meta"  # the generation's ids and status (queued, then running on a worker)
+    QUEUE = "queue"  # its place in line while it waits
+    DELTA = "delta"  # text
+    RESTART = "restart"  # the text so far is void: it starts again on another worker
+    RETRACT = "retract"  # output moderation withdrew the text
+    TOOL_START = "tool_start"  # the model called a plugin tool; it runs now
+    TOOL_RESULT = "tool_result"  # the tool answered
+    TOOL_ERROR = "tool_error"  # the tool failed; the model is told and goes on
+    TOOL_CALLS = "tool_calls"  # the answer ends at calls the client runs itself (`/v1`)
+    ERROR = "error"  # why a failed or rejected generation ended
+    DONE = "done"  # the last event: final status, finish reason, usage
+
+
+# After this event nothing more is written to the stream.
+TERMINAL_EVENTS = frozenset({StreamEvent.DONE})
+
+
+class MetaData(TypedDict, total=False):
+    generation_id: str
+    message_id: str
+    model: str
+    status: str
+    prompt_tokens_estimate: int
+    worker: str
+    attempt: int
+
+
+class QueueData(TypedDict):
+    position: int
+    high_demand: bool
+
+
+class DeltaData(TypedDict):
+    text: str
+
+
+class RestartData(TypedDict):
+    reason: str
+    attempt: int
+
+
+class RetractData(TypedDict, total=False):
+    reason: str
+    categories: list[str]
+    message: str
+
+
+class ToolStartData(TypedDict):
+    id: str
+    name: str
+    arguments: str
+
+
+class ToolResultData(TypedDict):
+    id: str
+    name: str
+    content: str
+    truncated: bool
+    ok: bool
+
+
+class ToolErrorData(TypedDict):
+    id: str
+    name: str
+    code: str
+    message: str
+
+
+class ToolCallsData(TypedDict):
+    tool_calls: list[dict[str, Any]]
+
+
+class ErrorData(TypedDict):
+    code: str
+    message: str
+
+
+class DoneData(TypedDict, total=False):
+    status: str
+    finish_reason: str
+    prompt_tokens: int | None
+    output_tokens: int | None
+
+
+def entry_fields(event: StreamEvent, data: Any) -> dict[str, str]:
+    """The fields of the stream entry that carries `event` with payload `data`."""
+    return {"event": event.value, "data": json.dumps(data)}

@@ -1,0 +1,139 @@
+"""What the inference plane tells the rest of the service: a small registry of subscribers.
+
+`inference/` knows nothing of conversations, billing, moderation or plugins. It reports what
+happens to a generation by calling the hooks below on every subscriber named in
+`settings.INFERENCE_HOOKS` (dotted paths to `InferenceHooks` subclasses, in order), the way
+Saleor's plugin manager or Django's authentication backends work. A subscriber overrides the
+methods it cares about; the base class does nothing. An unknown dotted path stops the process
+at start (`InferenceConfig.ready`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import TYPE_CHECKING, Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.utils.module_loading import import_string
+
+if TYPE_CHECKING:
+    from .models import Generation
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """How a generation ended, as `generation_finish` records it."""
+
+    status: str
+    text: str
+    finish_reason: str
+    prompt_tokens: int | None
+    output_tokens: int | None
+    cached_tokens: int | None
+
+
+class InferenceHooks:
+    """One subscriber to the inference plane. Every method does nothing here."""
+
+    def generation_first_token(self, *, generation_id: Any) -> None:
+        """The answer's first token arrived: it is now visibly streaming."""
+
+    def generation_tool_round(
+        self,
+        *,
+        generation: Generation,
+        text: str,
+        tool_calls: list[dict[str, Any]],
+        results: list[dict[str, Any]],
+    ) -> bool:
+        """The scheduler ran the tools the model called; keep the round. False if the
+        generation's transcript is gone (the answer then ends without being continued)."""
+        return True
+
+    def generation_tool_calls(self, *, generation_id: Any, tool_calls: list[dict[str, Any]]) -> None:
+        """The answer ended at tool calls for the client (`/v1`) to run."""
+
+    def generation_finished(self, *, generation: Generation, outcome: Outcome) -> None:
+        """The generation reached its final state. Called inside the transaction that writes
+        it: rows written here commit with it; side effects go out with `on_commit`."""
+
+    def generation_output_flagged(
+        self, *, generation_id: Any, excerpt: str, verdict: Any, retracted: bool
+    ) -> None:
+        """Output moderation withdrew the answer (`retracted`) or asked staff to review it."""
+
+
+class HookManager:
+    """Calls each subscriber in turn."""
+
+    def __init__(self, subscribers: Sequence[InferenceHooks]) -> None:
+        self.subscribers = list(subscribers)
+
+    def generation_first_token(self, *, generation_id: Any) -> None:
+        for subscriber in self.subscribers:
+            subscriber.generation_first_token(generation_id=generation_id)
+
+    def generation_tool_round(
+        self,
+        *,
+        generation: Generation,
+        text: str,
+        tool_calls: list[dict[str, Any]],
+        results: list[dict[str, Any]],
+    ) -> bool:
+        kept = True
+        for subscriber in self.subscribers:
+            kept = (
+                subscriber.generation_tool_round(
+                    generation=generation, text=text, tool_calls=tool_calls, results=results
+                )
+                and kept
+            )
+        return kept
+
+    def generation_tool_calls(self, *, generation_id: Any, tool_calls: list[dict[str, Any]]) -> None:
+        for subscriber in self.subscribers:
+            subscriber.generation_tool_calls(generation_id=generation_id, tool_calls=tool_calls)
+
+    def generation_finished(self, *, generation: Generation, outcome: Outcome) -> None:
+        for subscriber in self.subscribers:
+            subscriber.generation_finished(generation=generation, outcome=outcome)
+
+    def generation_output_flagged(
+        self, *, generation_id: Any, excerpt: str, verdict: Any, retracted: bool
+    ) -> None:
+        for subscriber in self.subscribers:
+            subscriber.generation_output_flagged(
+                generation_id=generation_id, excerpt=excerpt, verdict=verdict, retracted=retracted
+            )
+
+
+def load_hooks(paths: Sequence[str]) -> HookManager:
+    """The manager of the subscribers at `paths`; ImproperlyConfigured names a bad one."""
+    subscribers = []
+    for path in paths:
+        try:
+            cls = import_string(path)
+        except ImportError as exc:
+            raise ImproperlyConfigured(
+                f"INFERENCE_HOOKS: cannot import {path!r} ({exc})."
+            ) from exc
+        if not (isinstance(cls, type) and issubclass(cls, InferenceHooks)):
+            raise ImproperlyConfigured(
+                f"INFERENCE_HOOKS: {path!r} is not a subclass of inference.hooks.InferenceHooks."
+            )
+        subscribers.append(cls())
+    return HookManager(subscribers)
+
+
+@cache
+def _configured(paths: tuple[str, ...]) -> HookManager:
+    return load_hooks(paths)
+
+
+def get_hooks() -> HookManager:
+    """The subscribers `settings.INFERENCE_HOOKS` names (loaded once per setting value)."""
+    return _configured(tuple(settings.INFERENCE_HOOKS))
