@@ -7,11 +7,11 @@ from typing import Any
 
 import pytest
 from django.conf import settings
-from django_redis import get_redis_connection
 from rest_framework.test import APIClient
 
 from accounts.services import api_key_create
 from accounts.tests.factories import UserFactory
+from chatsite.redis import sync_redis
 
 # Session-wide fixtures (a live edge, real vLLM workers, the browser) start once per run,
 # shared by every app's tests.
@@ -23,10 +23,13 @@ def _clean_redis() -> Iterator[None]:
     """Each test starts with an empty Redis database (the suite's own, never the site's)."""
     if settings.REDIS_URL.rstrip("/").rsplit("/", 1)[-1] in {"0", "6379"}:
         pytest.fail("The suite flushes Redis: point REDIS_URL at a database other than 0.")
-    connection = get_redis_connection("default")
-    connection.flushdb()
-    yield
-    connection.flushdb()
+    redis = sync_redis()
+    try:
+        redis.flushdb()
+        yield
+        redis.flushdb()
+    finally:
+        redis.close()
 
 
 @pytest.fixture(autouse=True)

@@ -1,12 +1,18 @@
-"""`Authorization: Bearer <key>` for the JSON API."""
+"""`Authorization: Bearer <key>`: for the JSON API (DRF), and for the views DRF does not serve
+(the SSE streams, the rate-limit headers)."""
 
 from __future__ import annotations
 
 from typing import Any
 
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
+from django.http import HttpRequest
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions
 from rest_framework.request import Request
+
+from chatsite.auth import BEARER, bearer_token
 
 from .services import api_key_authenticate
 
@@ -14,16 +20,12 @@ from .services import api_key_authenticate
 class APIKeyAuthentication(authentication.BaseAuthentication):
     """Authenticates API-key calls; they need no CSRF token, as no browser sends them."""
 
-    keyword = "Bearer"
+    keyword = BEARER
 
     def authenticate(self, request: Request) -> tuple[Any, Any] | None:
-        header = authentication.get_authorization_header(request).decode("latin-1")
-        if not header:
-            return None
-        scheme, _, raw_key = header.partition(" ")
-        if scheme.lower() != self.keyword.lower():
-            return None
-        raw_key = raw_key.strip()
+        raw_key = bearer_token(request)
+        if raw_key is None:
+            return None  # another scheme, or none: the session may still authenticate
         if not raw_key:
             raise exceptions.AuthenticationFailed("No API key after Bearer.")
         key = api_key_authenticate(raw_key=raw_key)
@@ -33,6 +35,25 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
+
+
+def api_key_user(request: HttpRequest) -> User | None:
+    """The owner of the request's Bearer API key; None without a valid one."""
+    raw_key = bearer_token(request)
+    if not raw_key:
+        return None
+    key = api_key_authenticate(raw_key=raw_key)
+    return key.user if key is not None else None
+
+
+async def request_caller(request: HttpRequest) -> User | None:
+    """Who calls a view that DRF does not serve: the owner of the Bearer API key when the
+    request sends one (a wrong key is nobody, whatever the session says), else the session's
+    user; None if nobody."""
+    if bearer_token(request):
+        return await sync_to_async(api_key_user)(request)
+    user = await request.auser()
+    return user if isinstance(user, User) and user.is_authenticated else None
 
 
 class APIKeyAuthenticationScheme(OpenApiAuthenticationExtension):

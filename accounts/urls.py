@@ -1,9 +1,8 @@
 from django.contrib.auth import views as auth_views
 from django.urls import path
 
-from billing.abuse import abuse_limit
-
 from . import views
+from .abuse import abuse_limit
 
 app_name = "accounts"
 

@@ -12,11 +12,11 @@ from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
 from django.views.decorators.http import require_http_methods, require_POST
 
-from billing.abuse import abuse_limit
 from chatsite.auth import request_user
 from chatsite.errors import NotFound, ServiceError
 
 from . import selectors, services
+from .abuse import abuse_limit
 
 
 @require_http_methods(["GET", "POST"])

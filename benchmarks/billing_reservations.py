@@ -296,11 +296,13 @@ def billing_stubbed(plan: Any) -> Iterator[None]:
     from django.conf import settings
 
     with ExitStack() as stack:
-        stack.enter_context(mock.patch("inference.services.reservation_create", lambda **_: None))
-        stack.enter_context(mock.patch("inference.services.generation_settle", lambda **_: None))
+        stack.enter_context(mock.patch("conversations.turns.reservation_create", lambda **_: None))
+        stack.enter_context(
+            mock.patch("billing.inference_hooks.generation_settle", lambda **_: None)
+        )
         stack.enter_context(mock.patch("conversations.turns.plan_for_user", lambda **_: plan))
-        stack.enter_context(mock.patch("conversations.turns.plan_allows_model", lambda **_: None))
-        stack.enter_context(mock.patch("billing.abuse.get_usage", lambda *_, **__: None))
+        stack.enter_context(mock.patch("conversations.turns.pool_limits", lambda **_: None))
+        stack.enter_context(mock.patch("accounts.abuse.get_usage", lambda *_, **__: None))
         stack.enter_context(mock.patch.object(settings, "BILLING_RATELIMIT_HEADER_PATHS", []))
         yield
 
@@ -309,10 +311,9 @@ def post_phase(*, posts: int, warmup: int) -> PostResult:
     from django.contrib.auth.models import User
     from rest_framework.test import APIClient
 
-    import billing.abuse
-    import chatsite.middleware
+    import accounts.abuse
+    import billing.middleware
     import conversations.turns
-    import inference.services
     from accounts.services import api_key_create
     from billing.models import Plan
     from billing.services import subscription_set
@@ -339,16 +340,16 @@ def post_phase(*, posts: int, warmup: int) -> PostResult:
     content = "What is the capital of France, and why did it become the capital?"
     result = PostResult()
     timers = [
-        Timed("reservation (Lua + plan)", inference.services.reservation_create, result.inside),
+        Timed("reservation (Lua)", conversations.turns.reservation_create, result.inside),
         Timed("plan lookups in the turn", conversations.turns.plan_for_user, result.inside),
-        Timed("x-ratelimit-* headers", chatsite.middleware.rate_limit_headers, result.inside),
-        Timed("per-IP abuse counter", billing.abuse.get_usage, result.inside),
+        Timed("x-ratelimit-* headers", billing.middleware.rate_limit_headers, result.inside),
+        Timed("per-IP abuse counter", accounts.abuse.get_usage, result.inside),
     ]
     targets = [
-        "inference.services.reservation_create",
+        "conversations.turns.reservation_create",
         "conversations.turns.plan_for_user",
-        "chatsite.middleware.rate_limit_headers",
-        "billing.abuse.get_usage",
+        "billing.middleware.rate_limit_headers",
+        "accounts.abuse.get_usage",
     ]
 
     def one_post() -> float:

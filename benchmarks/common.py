@@ -62,14 +62,15 @@ def prepare_stores() -> None:
     """
     from django.conf import settings
     from django.core.management import call_command
-    from redis import Redis
+
+    from chatsite.redis import sync_redis
 
     database = settings.DATABASES["default"]
     if database["ENGINE"] != "django.db.backends.postgresql":
         raise SystemExit("DATABASE_URL must name a Postgres database (postgres://.../x_bench).")
     if "bench" not in str(database["NAME"]):
         raise SystemExit(f"Refusing database {database['NAME']!r}: its name must contain 'bench'.")
-    redis = Redis.from_url(settings.REDIS_URL)
+    redis = sync_redis()
     if int(redis.connection_pool.connection_kwargs.get("db", 0)) == 0:
         raise SystemExit("Refusing Redis db 0 (it is flushed at start): use another db number.")
     ensure_database(database)

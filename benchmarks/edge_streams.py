@@ -82,6 +82,11 @@ if TYPE_CHECKING:
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import django_start, free_port, percentile, prepare_stores, render
+from chatsite.stream_events import StreamEvent, entry_fields
+
+# How the edge frames the two events this benchmark looks for.
+DELTA_LINE = f"\nevent: {StreamEvent.DELTA}\n".encode()
+META_LINE = f"\nevent: {StreamEvent.META}\n".encode()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -139,9 +144,9 @@ def create_generations(count: int) -> tuple[str, list[str]]:
     from django.contrib.auth.models import User
     from django.db import transaction
     from django.utils import timezone
-    from redis import Redis
 
     from accounts.services import api_key_create
+    from chatsite.redis import sync_redis
     from conversations.models import Conversation, Message
     from conversations.services import conversation_create, message_send
     from inference import queue
@@ -200,7 +205,7 @@ def create_generations(count: int) -> tuple[str, list[str]]:
         Generation.objects.bulk_create(generations, batch_size=1000)
 
     ids = [str(g.id) for g in generations]
-    redis = Redis.from_url(settings.REDIS_URL)
+    redis = sync_redis()
     pipe = redis.pipeline(transaction=False)
     for gid in ids:
         pipe.hset(queue.job_key(gid), "first_token_ms", queue.now_ms())
@@ -491,14 +496,14 @@ class Stream:
     def _event(self, block: bytes, received_ns: int) -> None:
         if block.startswith(b":"):
             self.heartbeats += 1
-        elif b"\nevent: delta\n" in block:
+        elif DELTA_LINE in block:
             data = json.loads(block[block.index(b"\ndata: ") + 7 :])
             self.delays_ns.append(received_ns - int(data["t"]))
             self.delivered += 1
             if data["seq"] != self.next_seq:
                 self.misordered += 1
             self.next_seq = int(data["seq"]) + 1
-        elif b"\nevent: meta\n" in block:
+        elif META_LINE in block:
             # The stream's first entry, replayed: the view now tails the stream live.
             self.ready.set()
 
@@ -599,13 +604,13 @@ async def reset_streams(redis: AsyncRedis, generation_ids: Sequence[str]) -> Non
     """Each stream holds only its `meta queued` entry, as a freshly queued generation's does."""
     from inference import queue
 
-    meta = json.dumps({"status": "queued"})
+    meta = entry_fields(StreamEvent.META, {"status": "queued"})
     for start in range(0, len(generation_ids), 1000):
         pipe = redis.pipeline(transaction=False)
         for gid in generation_ids[start : start + 1000]:
             key = queue.stream_key(gid)
             pipe.delete(key)
-            pipe.xadd(key, {"event": "meta", "data": meta})
+            pipe.xadd(key, meta)
         await pipe.execute()
 
 
@@ -731,9 +736,10 @@ async def write_deltas(
             if wait > 0:
                 await asyncio.sleep(wait)
             pipe = redis.pipeline(transaction=False)
-            data = json.dumps({"text": "x", "t": time.time_ns(), "seq": tick})
+            # `t` and `seq` ride along in the payload: the client times and orders each delta.
+            delta = entry_fields(StreamEvent.DELTA, {"text": "x", "t": time.time_ns(), "seq": tick})
             for key in group:
-                pipe.xadd(key, {"event": "delta", "data": data})
+                pipe.xadd(key, delta)
             await pipe.execute()
             sent += len(group)
     return sent
@@ -1158,10 +1164,9 @@ async def run(
     load_at_start: str,
     started: float,
 ) -> str:
-    from django.conf import settings
-    from redis.asyncio import Redis as AsyncRedis
+    from chatsite.redis import async_redis
 
-    redis = AsyncRedis.from_url(settings.REDIS_URL, decode_responses=True)
+    redis = async_redis()
     postgres = await Postgres.connect()
     try:
         bench = Bench(

@@ -63,6 +63,7 @@ if TYPE_CHECKING:
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import django_start, free_port, percentile, prepare_stores, render
+from chatsite.stream_events import StreamEvent
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -247,18 +248,18 @@ class StreamTrace:
         ms = int(entry_id.split("-", 1)[0])
         event = fields.get("event")
         data = json.loads(fields.get("data") or "{}")
-        if event == "meta":
+        if event == StreamEvent.META:
             if data.get("status") == "queued" and self.queued_ms is None:
                 self.queued_ms = ms
             elif data.get("status") == "running":
                 self.admitted_ms = self.admitted_ms or ms
                 self.worker = str(data.get("worker") or "")
-        elif event == "delta":
+        elif event == StreamEvent.DELTA:
             self.first_delta_ms = self.first_delta_ms or ms
             self.last_delta_ms = ms
-        elif event == "restart":
+        elif event == StreamEvent.RESTART:
             self.restarts += 1
-        elif event == "done":
+        elif event == StreamEvent.DONE:
             self.done_ms = ms
             self.status = str(data.get("status") or "")
             self.output_tokens = data.get("output_tokens")
@@ -825,7 +826,7 @@ async def benchmark(args: argparse.Namespace, urls: list[str], origin: str) -> s
     from django.conf import settings
     from django.db import connections
 
-    from inference import queue
+    from chatsite.redis import async_redis
 
     tag = secrets.token_hex(4)
     async with httpx.AsyncClient(timeout=httpx.Timeout(600, connect=5)) as http:
@@ -835,7 +836,7 @@ async def benchmark(args: argparse.Namespace, urls: list[str], origin: str) -> s
             served_model=await served_model(http, urls[0]),
             tag=tag,
             user=await in_thread(bench_user)(tag),
-            redis=queue.async_redis(socket_timeout=60),
+            redis=async_redis(socket_timeout=60),
             http=http,
         )
         facts = await worker_facts(bench)

@@ -10,7 +10,6 @@ class ErrorCode(enum.StrEnum):
     MESSAGE_CAP_REACHED = "message_cap_reached"
     TOO_MANY_CONCURRENT = "too_many_concurrent"
     REQUEST_TOO_LARGE = "request_too_large"
-    RATE_LIMITED = "rate_limited"
     INVALID_IDEMPOTENCY_KEY = "invalid_idempotency_key"
     IDEMPOTENCY_KEY_REUSED = "idempotency_key_reused"
     IDEMPOTENCY_KEY_IN_USE = "idempotency_key_in_use"

@@ -25,10 +25,10 @@ from functools import lru_cache
 from typing import Any, cast
 
 from django.conf import settings
-from redis import BlockingConnectionPool, Redis
+from redis import Redis
 from redis.commands.core import Script
 
-REDIS_MAX_CONNECTIONS = 64
+from chatsite.redis import shared_redis
 
 SCOPE_REQUESTS = "requests"
 SCOPE_TOKENS = "tokens"
@@ -240,23 +240,14 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-@lru_cache(maxsize=4)
-def _client(url: str) -> Redis:
-    # One pool per process (redis-py resets it in a forked child); a thread that finds every
-    # connection busy waits for one instead of failing.
-    pool = BlockingConnectionPool.from_url(
-        url, decode_responses=True, max_connections=REDIS_MAX_CONNECTIONS, timeout=10
-    )
-    return Redis(connection_pool=pool)
-
-
 def client() -> Redis:
-    return _client(settings.REDIS_URL)
+    # Called on every request from many threads: the process's one pooled client.
+    return shared_redis()
 
 
 @lru_cache(maxsize=16)
 def _script(url: str, source: str) -> Script:
-    return _client(url).register_script(source)
+    return shared_redis(url).register_script(source)
 
 
 def script(source: str) -> Script:

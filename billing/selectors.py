@@ -82,14 +82,6 @@ def _not_in_plan(pool: ModelPool) -> NoReturn:
     )
 
 
-def plan_allows_model(*, plan: Plan, model: str) -> None:
-    """Raise 403 `model_not_in_plan` unless `plan` may use the active pool named `model`
-    (an unknown model is left for the inference plane to refuse)."""
-    pool = ModelPool.objects.filter(name=model, is_active=True).first()
-    if pool is not None:
-        plan_pool(plan=plan, pool=pool)
-
-
 def pools_for_plan(*, plan: Plan) -> list[ModelPool]:
     """The active pools the plan may use, for a model picker."""
     listed = {entry.pool_id for entry in plan.plan_pools.all()}

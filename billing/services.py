@@ -136,16 +136,15 @@ def _refusal(
 
 
 def reservation_create(
-    *, generation: Generation, prompt_tokens: int, now: int | None = None
+    *, generation: Generation, prompt_tokens: int, limits: quota.Limits, now: int | None = None
 ) -> quota.Outcome:
     """Reserve what `generation` may consume against every scope of the user's plan, at once.
 
-    Reserves `prompt_tokens` (the estimate) plus its max output tokens. Raises 403
-    `model_not_in_plan`, 413 `request_too_large` (more tokens than the plan allows in a
-    minute), or 429 with the refusing scope's code and `detail.retry_after` (seconds).
+    `limits` are the plan's on the generation's pool (`selectors.pool_limits`, which judged
+    that the plan may use it). Reserves `prompt_tokens` (the estimate) plus its max output
+    tokens. Raises 413 `request_too_large` (more tokens than the plan allows in a minute), or
+    429 with the refusing scope's code and `detail.retry_after` (seconds).
     """
-    plan = plan_for_user(user=generation.user)
-    limits = pool_limits(plan=plan, pool=generation.pool)
     tokens = prompt_tokens + generation.max_tokens
     if tokens > limits.tokens_per_minute:
         raise ServiceError(

@@ -88,7 +88,7 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
-    "chatsite.middleware.RateLimitHeadersMiddleware",
+    "billing.middleware.RateLimitHeadersMiddleware",
 ]
 
 ROOT_URLCONF = "chatsite.urls"
@@ -231,6 +231,20 @@ LOGGING = {
 # admin. Format: "pool=url[,pool=url...]"; the pool's served model name is the pool name.
 INFERENCE_WORKERS = env_list("INFERENCE_WORKERS", [])
 INFERENCE_CLIENT = os.environ.get("INFERENCE_CLIENT", "inference.client.OpenAICompatibleClient")
+# Subscribers to what the inference plane reports (`inference.hooks`), called in this order.
+INFERENCE_HOOKS = env_list(
+    "INFERENCE_HOOKS",
+    [
+        "conversations.finish.ConversationHooks",
+        "plugins.inference_hooks.SearchIndexHooks",
+        "billing.inference_hooks.BillingHooks",
+        "moderation.inference_hooks.ModerationHooks",
+    ],
+)
+# The tools a conversation's model is offered: a callable(user=, conversation=) -> specs.
+CONVERSATION_TOOLS_PROVIDER = os.environ.get(
+    "CONVERSATION_TOOLS_PROVIDER", "plugins.selectors.tools_for_conversation"
+)
 INFERENCE_REDIS_PREFIX = os.environ.get("INFERENCE_REDIS_PREFIX", "cs")
 # Plan tiers and the vLLM priority each gets (lower runs first), best tier first.
 INFERENCE_TIER_PRIORITY = {"pro": 0, "plus": 5, "free": 10}
@@ -240,9 +254,16 @@ SCHEDULER_MAX_QUEUE_SECONDS = env_int("SCHEDULER_MAX_QUEUE_SECONDS", 20)
 SCHEDULER_STALL_SECONDS = env_int("SCHEDULER_STALL_SECONDS", 30)
 SCHEDULER_COALESCE_MS = env_int("SCHEDULER_COALESCE_MS", 50)
 SCHEDULER_HEALTH_INTERVAL_MS = env_int("SCHEDULER_HEALTH_INTERVAL_MS", 1000)
-# How a generation picks its worker: "affinity" (the worker holding the conversation's
-# prefix, unless it is much busier), "least_loaded", or "round_robin" (for comparison).
+# How a generation (and a background completion) picks its worker: "affinity" (the worker
+# holding the conversation's prefix, unless it is much busier), "least_loaded",
+# "round_robin" (for comparison), or the dotted path to a policy class
+# (inference/scheduler/placement.py). Anything else stops every process at start.
 SCHEDULER_PLACEMENT = os.environ.get("SCHEDULER_PLACEMENT", "affinity")
+# What runs the tools a model calls, and what checks answers while they stream (dotted paths).
+INFERENCE_TOOL_RUNNER = os.environ.get("INFERENCE_TOOL_RUNNER", "plugins.runner.PluginToolRunner")
+INFERENCE_OUTPUT_GUARD = os.environ.get(
+    "INFERENCE_OUTPUT_GUARD", "moderation.output.StreamingOutputGuard"
+)
 # Affinity yields to least-loaded when the sticky worker carries this many more requests.
 SCHEDULER_AFFINITY_SLACK = env_int("SCHEDULER_AFFINITY_SLACK", 4)
 SCHEDULER_AFFINITY_TTL_SECONDS = env_int("SCHEDULER_AFFINITY_TTL_SECONDS", 3600)
@@ -362,7 +383,7 @@ PLUGINS_URL_FETCH_ALLOWED_ADDRESSES = env_list("PLUGINS_URL_FETCH_ALLOWED_ADDRES
 PLUGINS_SEARCH_LAZY_INDEX_LIMIT = env_int("PLUGINS_SEARCH_LAZY_INDEX_LIMIT", 64)
 PLUGINS_SEARCH_MAX_CANDIDATES = env_int("PLUGINS_SEARCH_MAX_CANDIDATES", 20000)
 
-# The tool loop (inference/scheduler.py): tool rounds one answer may make; past the cap the
+# The tool loop (inference/scheduler/): tool rounds one answer may make; past the cap the
 # model is asked once more with tool_choice "none" and must answer from what it has.
 TOOL_LOOP_MAX_ROUNDS = env_int("TOOL_LOOP_MAX_ROUNDS", 4)
 

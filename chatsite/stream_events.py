@@ -10,7 +10,10 @@ from __future__ import annotations
 
 import enum
 import json
-from typing import Any, TypedDict
+from typing import TYPE_CHECKING, Any, TypedDict
+
+if TYPE_CHECKING:
+    from redis.typing import EncodableT, FieldT
 
 
 class StreamEvent(enum.StrEnum):
@@ -60,6 +63,8 @@ class RestartData(TypedDict):
 class RetractData(TypedDict, total=False):
     reason: str
     categories: list[str]
+    labels: list[str]  # the categories as people read them
+    notice: str  # what clients show in place of the text
     message: str
 
 
@@ -100,6 +105,7 @@ class DoneData(TypedDict, total=False):
     output_tokens: int | None
 
 
-def entry_fields(event: StreamEvent, data: Any) -> dict[str, str]:
-    """The fields of the stream entry that carries `event` with payload `data`."""
+def entry_fields(event: StreamEvent, data: Any) -> dict[FieldT, EncodableT]:
+    """The fields of the stream entry that carries `event` with payload `data` (typed as
+    redis-py's XADD takes them)."""
     return {"event": event.value, "data": json.dumps(data)}

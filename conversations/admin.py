@@ -18,7 +18,7 @@ from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
 from .models import BranchSummary, Conversation, Message
-from .services import conversation_delete
+from .removal import conversation_remove
 
 _M = TypeVar("_M", bound=Model)
 
@@ -68,11 +68,11 @@ class ConversationAdmin(ReadOnlyAdmin[Conversation]):
         return deleted, counts, perms_needed, protected
 
     def delete_model(self, request: HttpRequest, obj: Conversation) -> None:
-        conversation_delete(conversation=obj)
+        conversation_remove(conversation=obj)
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Conversation]) -> None:
         for conversation in queryset:
-            conversation_delete(conversation=conversation)
+            conversation_remove(conversation=conversation)
 
 
 @admin.register(Message)

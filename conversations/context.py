@@ -16,14 +16,16 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from functools import lru_cache
-from pathlib import Path
 from typing import Any
 from uuid import UUID
 
 from tokenizers import Tokenizer
 
 from chatsite.errors import ServiceError
+
+# Re-exported: the tokenizer is the pool's (inference), counted here for the context.
+from inference.tokens import count_tokens as count_tokens
+from inference.tokens import load_tokenizer as load_tokenizer
 
 from .errors import ErrorCode
 from .models import BranchSummary, Message
@@ -34,22 +36,6 @@ MESSAGE_OVERHEAD_TOKENS = 5
 REPLY_OVERHEAD_TOKENS = 3
 
 _INCLUDED_ASSISTANT_STATUSES = {Message.Status.COMPLETE, Message.Status.CANCELLED}
-
-
-@lru_cache(maxsize=8)
-def load_tokenizer(folder: str) -> Tokenizer:
-    path = Path(folder) / "tokenizer.json"
-    if not path.is_file():
-        raise ServiceError(
-            ErrorCode.TOKENIZER_MISSING,
-            "The model's tokenizer is not prepared; run `python manage.py prepare_model`.",
-            status=503,
-        )
-    return Tokenizer.from_file(str(path))
-
-
-def count_tokens(tokenizer: Tokenizer, text: str) -> int:
-    return len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
 @dataclass

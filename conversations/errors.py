@@ -18,5 +18,4 @@ class ErrorCode(enum.StrEnum):
     EMPTY_TITLE = "empty_title"
     TITLE_TOO_LONG = "title_too_long"
     INVALID_CURSOR = "invalid_cursor"
-    TOKENIZER_MISSING = "tokenizer_missing"
     CONTEXT_TOO_LONG = "context_too_long"

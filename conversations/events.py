@@ -12,6 +12,7 @@ from typing import Any
 
 from django.conf import settings
 
+from chatsite.redis import sync_redis
 from inference import queue
 
 
@@ -21,7 +22,7 @@ def user_events_key(user_id: Any) -> str:
 
 def user_event_publish(*, user_id: Any, event: str, data: dict[str, Any]) -> str:
     """Append `event` to the user's stream; returns its id. Call after commit."""
-    redis = queue.sync_redis()
+    redis = sync_redis()
     try:
         stream = user_events_key(user_id)
         entry_id = redis.xadd(

@@ -190,3 +190,14 @@ def sibling_positions(*, branch: Sequence[Message]) -> list[SiblingPosition]:
         ids = tuple(siblings[message.parent_id]) if message.parent_id else (message.pk,)
         positions.append(SiblingPosition(ids.index(message.pk) + 1, len(ids), ids))
     return positions
+
+
+def question_of(*, message_id: Any) -> Any | None:
+    """The id of the user message an answer replies to (above any tool rounds between)."""
+    parent_id = Message.objects.filter(pk=message_id).values_list("parent_id", flat=True).first()
+    while parent_id is not None:
+        role, next_parent = Message.objects.filter(pk=parent_id).values_list("role", "parent_id")[0]
+        if role == Message.Role.USER:
+            return parent_id
+        parent_id = next_parent
+    return None

@@ -15,7 +15,6 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import ProtectedError, RestrictedError
 from django.utils import timezone
 
 from chatsite.errors import ServiceError
@@ -294,33 +293,6 @@ def conversation_rename(*, conversation: Conversation, title: str) -> Conversati
     return conversation
 
 
-def conversation_delete(*, conversation: Conversation) -> None:
-    """Delete every message and the conversation's content, keeping only a tombstone.
-
-    Deleting a tombstone again does nothing.
-    """
-    with transaction.atomic():
-        conversation.refresh_from_db(from_queryset=Conversation.objects.select_for_update())
-        if conversation.deleted_at is not None:
-            return
-        conversation.current_leaf = None
-        conversation.title = ""
-        conversation.title_set_by_user = False
-        conversation.system_prompt = ""
-        conversation.deleted_at = timezone.now()
-        conversation.save(
-            update_fields=[
-                "current_leaf",
-                "title",
-                "title_set_by_user",
-                "system_prompt",
-                "deleted_at",
-                "updated_at",
-            ]
-        )
-        Message.objects.filter(conversation=conversation).delete()
-
-
 # A turn of a branch written whole: (role, content), or (role, content, metadata) where
 # metadata holds an assistant's `tool_calls` or a tool message's `tool_call_id` and `name`.
 BranchTurn = tuple[str, str] | tuple[str, str, dict[str, Any]]
@@ -382,18 +354,3 @@ def conversation_write_branch(
         rows[-1].save(update_fields=["current_child"])
         _show_leaf(conversation, placeholder, new_activity=True)
     return rows[-1], placeholder
-
-
-def conversation_purge(*, conversation: Conversation) -> None:
-    """Delete a conversation for good, leaving no tombstone: the OpenAI-compatible API's
-    requests made with a key that does not keep them. Usage stays in the ledger, which
-    outlives conversations.
-
-    Where other rows must keep pointing at the conversation (a protected reference), its
-    content is deleted as `conversation_delete` does and the tombstone stays.
-    """
-    try:
-        with transaction.atomic():
-            Conversation.objects.filter(pk=conversation.pk).delete()
-    except (ProtectedError, RestrictedError):
-        conversation_delete(conversation=conversation)

@@ -9,9 +9,9 @@ for, and a stream nobody reads. So a Celery task calls a worker itself, and stay
   scheduler runs users' answers first whenever both wait for the same batch;
 - small, bounded work: a title is once per conversation and a few tokens; a summary is a few
   hundred tokens once per many turns (`settings.SUMMARY_TAIL_PERCENT`);
-- the worker that holds the conversation's prefix (the scheduler's affinity key) when it is
-  not much busier than the least loaded one, else the least loaded, by the load reading the
-  scheduler last stored; a worker being drained or down is never asked;
+- the worker the scheduler's placement policy prefers (by default the one that holds the
+  conversation's prefix when it is not much busier than the least loaded one), by the loads
+  the scheduler last stored; a worker being drained or down is never asked;
 - a hard timeout (`settings.BACKGROUND_LLM_TIMEOUT_SECONDS`); a fault raises `WorkerFault`
   and the task retries with backoff.
 """
@@ -25,9 +25,9 @@ from typing import Any
 
 from django.conf import settings
 
-from inference import queue
-from inference.client import WorkerFault, get_client
+from inference.client import FaultCode, WorkerFault, get_client
 from inference.models import ModelPool, Worker
+from inference.scheduler.capacity import background_order
 
 logger = logging.getLogger(__name__)
 
@@ -40,30 +40,16 @@ def pool_for_background(*, setting: str, conversation_model: str) -> ModelPool:
     name = getattr(settings, setting) or conversation_model
     pool = ModelPool.objects.filter(name=name, is_active=True).first()
     if pool is None:
-        raise WorkerFault("no_pool", f"no active pool named {name!r}")
+        raise WorkerFault(FaultCode.NO_POOL, f"no active pool named {name!r}")
     return pool
 
 
 def _workers_by_preference(pool: ModelPool, conversation_id: Any) -> list[Worker]:
-    workers = list(Worker.objects.filter(pool=pool, state=Worker.State.HEALTHY))
-    if not workers:
-        return []
-    redis = queue.sync_redis()
-    try:
-        busy: dict[int, float] = {}
-        for worker in workers:
-            load = redis.hgetall(queue.metrics_key(worker.pk))
-            busy[worker.pk] = float(load.get("running", 0)) + float(load.get("waiting", 0))
-        sticky = redis.get(queue.affinity_key(conversation_id)) if conversation_id else None
-    finally:
-        redis.close()
-    by_load = sorted(workers, key=lambda w: (busy[w.pk], w.pk))
-    for worker in by_load:
-        if str(worker.pk) == sticky and (
-            busy[worker.pk] <= busy[by_load[0].pk] + settings.SCHEDULER_AFFINITY_SLACK
-        ):
-            return [worker, *(w for w in by_load if w is not worker)]
-    return by_load
+    workers = {w.pk: w for w in Worker.objects.filter(pool=pool, state=Worker.State.HEALTHY)}
+    order = background_order(
+        pool=pool.name, worker_ids=sorted(workers), conversation_id=conversation_id
+    )
+    return [workers[worker_id] for worker_id in order]
 
 
 async def _ask(worker: Worker, pool: ModelPool, messages: list[dict[str, Any]], **kw: Any) -> str:
@@ -81,7 +67,7 @@ async def _ask(worker: Worker, pool: ModelPool, messages: list[dict[str, Any]], 
             ):
                 text += chunk.text
     except TimeoutError as exc:
-        raise WorkerFault("worker_stalled", "the background completion timed out") from exc
+        raise WorkerFault(FaultCode.WORKER_STALLED, "the background completion timed out") from exc
     finally:
         await client.aclose()
     return text
@@ -97,7 +83,7 @@ def complete(
     """The text a worker of `pool` answers to `messages` (at most `max_tokens`)."""
     workers = _workers_by_preference(pool, conversation_id)
     if not workers:
-        raise WorkerFault("no_worker", f"pool {pool.name!r} has no healthy worker")
+        raise WorkerFault(FaultCode.NO_WORKER, f"pool {pool.name!r} has no healthy worker")
     tried = workers[:MAX_WORKERS_TRIED]
     for worker in tried[:-1]:
         try:

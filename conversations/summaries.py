@@ -1,7 +1,7 @@
 """Rolling summaries: long branches stay within the context budget, and cheap.
 
 When context assembly has to drop turns no summary covers (`AssembledContext.dropped_messages`),
-`summary_request_if_needed` queues `conversations.tasks.summarise_branch` after commit (one at a
+`tasks.summary_request_if_needed` queues `tasks.summarise_branch` after commit (one at a
 time per conversation). The task folds the previous summary and the turns after it, up to a cut
 that leaves the newest turns within `SUMMARY_TAIL_PERCENT` of the budget, into a new summary
 stored on the branch (`BranchSummary.through_message`). Turns keep being added after the cut,
@@ -18,15 +18,14 @@ from django.conf import settings
 from django.db import transaction
 
 from inference import queue
+from inference.tokens import pool_tokenizer
 
 from . import small_model
 from .context import (
     MESSAGE_OVERHEAD_TOKENS,
     REPLY_OVERHEAD_TOKENS,
-    AssembledContext,
     _answered_turns,
     count_tokens,
-    load_tokenizer,
     message_tokens,
 )
 from .models import BranchSummary, Conversation, Message
@@ -53,34 +52,6 @@ def summary_for_branch(*, branch: Sequence[Message]) -> BranchSummary | None:
 
 def summary_pending_key(conversation_id: Any) -> str:
     return queue.key("summary-pending", conversation_id)
-
-
-def summary_request_if_needed(
-    *, conversation: Conversation, leaf: Message, context: AssembledContext, budget_tokens: int
-) -> bool:
-    """Queue a summary of the branch ending at `leaf` after commit if `context` dropped turns.
-
-    Returns whether one was asked for (it is skipped after commit while another is pending).
-    """
-    if context.dropped_messages == 0:
-        return False
-    conversation_id, leaf_id = str(conversation.pk), str(leaf.pk)
-
-    def _enqueue() -> None:
-        from .tasks import summarise_branch
-
-        redis = queue.sync_redis()
-        try:
-            claimed = redis.set(
-                summary_pending_key(conversation_id), leaf_id, nx=True, ex=PENDING_SECONDS
-            )
-        finally:
-            redis.close()
-        if claimed:
-            summarise_branch.delay(conversation_id, leaf_id, budget_tokens)
-
-    transaction.on_commit(_enqueue, robust=True)  # the turn stands even if Redis does not
-    return True
 
 
 def _cut(older: list[Message], tokenizer: Any, tail_budget: int) -> int:
@@ -137,8 +108,6 @@ def branch_summarise(
     Idempotent: a summary already stored through the same cut is returned without asking the
     model again; a deleted conversation or message gets none.
     """
-    from inference.services import pool_tokenizer_folder  # inference imports this module
-
     conversation = Conversation.objects.filter(pk=conversation_id, deleted_at__isnull=True).first()
     if conversation is None:
         return None
@@ -148,7 +117,7 @@ def branch_summarise(
     pool = small_model.pool_for_background(
         setting="SUMMARY_MODEL", conversation_model=conversation.model
     )
-    tokenizer = load_tokenizer(pool_tokenizer_folder(pool))
+    tokenizer = pool_tokenizer(pool)
     previous = summary_for_branch(branch=branch)
     depth = {message.pk: index for index, message in enumerate(branch)}
     after = depth[previous.through_message_id] if previous is not None else 0

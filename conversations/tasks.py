@@ -1,4 +1,5 @@
-"""Celery tasks of conversations: titles, rolling summaries and history retention.
+"""Celery tasks of conversations: titles, rolling summaries and history retention, and the
+requests that queue them after commit.
 
 Every task is idempotent (a repeat finds its work done and returns), so `acks_late` is safe:
 a worker that dies mid-task leaves the message to another. Faults of a worker, the database
@@ -11,12 +12,15 @@ from typing import Any
 
 import httpx
 from celery import shared_task
-from django.db import InterfaceError, OperationalError
+from django.db import InterfaceError, OperationalError, transaction
 from redis.exceptions import RedisError
 
+from inference import queue
 from inference.client import WorkerFault
 
 from . import retention, summaries, titles
+from .context import AssembledContext
+from .models import Conversation, Message
 
 RETRYABLE = (WorkerFault, httpx.HTTPError, OperationalError, InterfaceError, RedisError)
 _RETRY: dict[str, Any] = {
@@ -52,3 +56,48 @@ def summarise_branch(conversation_id: str, leaf_message_id: str, budget_tokens: 
 def purge_expired_conversations() -> int:
     """Delete conversations past their owner's plan history retention (hourly, in beat)."""
     return retention.conversations_purge_expired()
+
+
+def title_request_after_answer(*, conversation_id: Any, status: str) -> None:
+    """Ask for a title after commit if an answer just completed in an untitled conversation.
+
+    Called in the transaction that finishes the answer; one indexed read per finished answer.
+    """
+    if status != Message.Status.COMPLETE:
+        return
+    untitled = Conversation.objects.filter(
+        pk=conversation_id, title="", title_set_by_user=False, deleted_at__isnull=True
+    ).exists()
+    if not untitled:
+        return
+    # Robust: a broker outage must not fail the answer that just finished.
+    transaction.on_commit(lambda: generate_title.delay(str(conversation_id)), robust=True)
+
+
+def summary_request_if_needed(
+    *, conversation: Conversation, leaf: Message, context: AssembledContext, budget_tokens: int
+) -> bool:
+    """Queue a summary of the branch ending at `leaf` after commit if `context` dropped turns.
+
+    Returns whether one was asked for (it is skipped after commit while another is pending).
+    """
+    if context.dropped_messages == 0:
+        return False
+    conversation_id, leaf_id = str(conversation.pk), str(leaf.pk)
+
+    def _enqueue() -> None:
+        redis = queue.sync_redis()
+        try:
+            claimed = redis.set(
+                summaries.summary_pending_key(conversation_id),
+                leaf_id,
+                nx=True,
+                ex=summaries.PENDING_SECONDS,
+            )
+        finally:
+            redis.close()
+        if claimed:
+            summarise_branch.delay(conversation_id, leaf_id, budget_tokens)
+
+    transaction.on_commit(_enqueue, robust=True)  # the turn stands even if Redis does not
+    return True

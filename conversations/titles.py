@@ -1,7 +1,7 @@
 """Automatic titles: after a conversation's first exchange, the small pool names it.
 
-The request goes out after the first answer completes (`title_request_after_answer`, called by
-`inference.services.generation_finish`); the Celery task `conversations.tasks.generate_title`
+The request goes out after the first answer completes (`tasks.title_request_after_answer`,
+called as the answer is finished, `conversations.finish`); the Celery task `tasks.generate_title`
 writes the title with a conditional UPDATE, so a title the user set meanwhile always wins,
 and tells the owner's open pages through their event stream.
 """
@@ -64,24 +64,6 @@ def _first_exchange(conversation: Conversation) -> tuple[Message, Message] | Non
     if answer is None or answer.parent is None:
         return None
     return answer.parent, answer
-
-
-def title_request_after_answer(*, conversation_id: Any, status: str) -> None:
-    """Ask for a title after commit if an answer just completed in an untitled conversation.
-
-    Called in `generation_finish`'s transaction; one indexed read per finished answer.
-    """
-    if status != Message.Status.COMPLETE:
-        return
-    untitled = Conversation.objects.filter(
-        pk=conversation_id, title="", title_set_by_user=False, deleted_at__isnull=True
-    ).exists()
-    if not untitled:
-        return
-    from .tasks import generate_title
-
-    # Robust: a broker outage must not fail the answer that just finished.
-    transaction.on_commit(lambda: generate_title.delay(str(conversation_id)), robust=True)
 
 
 def title_generate(*, conversation_id: Any) -> str | None:

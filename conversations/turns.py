@@ -4,37 +4,58 @@ The web chat, the JSON API and the OpenAI-compatible API all call these, so a me
 checked, stored and queued the same way whichever door it came through. The tree write and
 the generation row share one transaction; the job reaches the queue only after it commits.
 
-Billing wraps each turn: an `Idempotency-Key` replays the turn it already made (charged
-once); the plan must include the model; the generation's reservation (made by
-`generation_start` once the prompt is counted) is given back if the transaction fails.
+The steps, in order: accept (a suspended account is refused; billing judges once whether
+the plan may use the model, and the output budget is clamped once), moderate the input,
+persist the tree change, assemble the context, reserve (billing), enqueue (inference).
+An `Idempotency-Key` replays the turn it already made (charged once); the reservation is
+given back if the transaction fails. The way back out is `conversations.finish`.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
 
-from billing.selectors import plan_allows_model, plan_for_user
+from billing.models import Plan
+from billing.quota import Limits
+from billing.selectors import plan_for_user, plan_pool, pool_limits
 from billing.services import (
     idempotency_claim,
     idempotency_complete,
     idempotency_fingerprint,
     idempotency_release,
+    reservation_create,
     reservation_release,
 )
-from inference.models import Generation
-from inference.services import generation_start, generations_abandon, pool_for_model
+from chatsite import dotted
+from inference.models import Generation, ModelPool
+from inference.services import (
+    GenerationRequest,
+    generation_create,
+    generation_enqueue,
+    pool_named,
+)
+from inference.tokens import pool_tokenizer
 from moderation.models import Flag
 from moderation.services import flag_record, moderation_check_input, moderation_ensure_can_send
 
 from . import services
+from .context import assemble_context, count_tokens
 from .models import Conversation, Message
-from .retention import conversation_forget_redis
+from .removal import conversation_remove
+from .selectors import active_branch
+from .summaries import summary_for_branch
+from .tasks import summary_request_if_needed
+
+# Tokens a chat template adds around the tools it is given (the instructions that frame them).
+TOOLS_OVERHEAD_TOKENS = 80
 
 
 @dataclass(frozen=True)
@@ -58,41 +79,10 @@ def conversation_start(
 ) -> Conversation:
     """Start a conversation with a model the user's plan may use."""
     model = (model or settings.DEFAULT_MODEL).strip()
-    plan = plan_for_user(user=user)
-    pool_for_model(model=model, tier=plan.tier)
-    plan_allows_model(plan=plan, model=model)
+    plan_pool(plan=plan_for_user(user=user), pool=pool_named(model=model))
     return services.conversation_create(
         owner=user, model=model, system_prompt=system_prompt, title=title, source=source
     )
-
-
-def conversation_remove(*, conversation: Conversation) -> None:
-    """Delete a conversation; answers still queued or streaming for it are stopped, and
-    their reservations given back (an abandoned answer is not charged). Its Redis keys go
-    after commit, and the owner's open pages hear of it (conversations/retention.py)."""
-    with transaction.atomic():
-        generations = list(
-            Generation.objects.filter(conversation=conversation).select_related("pool")
-        )
-        in_flight = [generation for generation in generations if not generation.is_final]
-        services.conversation_delete(conversation=conversation)
-        if in_flight:
-            transaction.on_commit(lambda: _abandon(in_flight))
-        transaction.on_commit(
-            lambda: conversation_forget_redis(
-                conversation_id=conversation.pk,
-                owner_id=conversation.owner_id,
-                generation_ids=[generation.pk for generation in generations],
-                in_flight_ids={generation.pk for generation in in_flight},
-            ),
-            robust=True,
-        )
-
-
-def _abandon(generations: list[Generation]) -> None:
-    generations_abandon(generations=generations)
-    for generation in generations:
-        reservation_release(user_id=generation.user_id, reservation_id=str(generation.pk))
 
 
 def turn_send(
@@ -226,7 +216,11 @@ def _write_and_start(
     # flag of a blocked text commits on its own here, so it survives the refusal.
     moderation_ensure_can_send(user=user)
     plan = plan_for_user(user=user)
-    plan_allows_model(plan=plan, model=conversation.model)
+    pool = pool_named(model=conversation.model)
+    # Billing is the one judge of whether the plan may use the model (403 if not).
+    limits = pool_limits(plan=plan, pool=pool)
+    wanted = max_tokens or plan.max_output_tokens
+    max_tokens = min(wanted, plan.max_output_tokens, pool.max_output_tokens)
     verdict = None
     if content is not None and content.strip() and len(content) <= settings.MESSAGE_MAX_CHARS:
         verdict = moderation_check_input(user=user, conversation=conversation, content=content)
@@ -237,8 +231,10 @@ def _write_and_start(
             generation = generation_start(
                 message=placeholder,
                 user=user,
-                tier=plan.tier,
-                max_tokens=min(max_tokens or plan.max_output_tokens, plan.max_output_tokens),
+                plan=plan,
+                pool=pool,
+                limits=limits,
+                max_tokens=max_tokens,
                 params=params,
                 tools=tools,
                 tool_choice=tool_choice,
@@ -259,6 +255,90 @@ def _write_and_start(
             action=Flag.Action.REVIEW,
         )
     return Turn(conversation, user_message, placeholder, generation)
+
+
+@cache
+def _tools_provider(path: str) -> Callable[..., Any]:
+    return dotted.load_callable("CONVERSATION_TOOLS_PROVIDER", path)
+
+
+def conversation_tools(*, user: User, conversation: Conversation) -> list[dict[str, Any]]:
+    """The tools (OpenAI's format) the model is offered in `conversation` for `user`, from
+    `settings.CONVERSATION_TOOLS_PROVIDER` (the plugins' tools by default)."""
+    provider = _tools_provider(settings.CONVERSATION_TOOLS_PROVIDER)
+    return [spec.to_openai() for spec in provider(user=user, conversation=conversation)]
+
+
+def generation_start(
+    *,
+    message: Message,
+    user: User,
+    plan: Plan,
+    pool: ModelPool,
+    limits: Limits,
+    max_tokens: int,
+    params: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | dict[str, Any] | None = None,
+) -> Generation:
+    """Assemble the context for a queued assistant placeholder, reserve, and queue its
+    generation after commit: steps 4-6 of a turn.
+
+    Without `tools`, the model is offered the tools this user may call in this conversation
+    (`conversation_tools`), and the scheduler runs the calls it makes (the tool loop). With
+    `tools` (OpenAI's format, from a `/v1` client) those are offered instead and the answer
+    ends at the model's calls, which the client runs.
+    """
+    if message.role != Message.Role.ASSISTANT or message.status != Message.Status.QUEUED:
+        raise ValueError("a generation starts from a queued assistant placeholder")
+    conversation = message.conversation
+    branch = active_branch(conversation=conversation)
+    if not branch or branch[-1].pk != message.pk:
+        raise ValueError("the placeholder must be the conversation's current leaf")
+    branch = branch[:-1]
+    tokenizer = pool_tokenizer(pool)
+    run_tools = tools is None
+    if tools is None:
+        tools = conversation_tools(user=user, conversation=conversation)
+    # The template writes the tools into the prompt: they take room in the window.
+    tools_tokens = (
+        count_tokens(tokenizer, json.dumps(tools)) + TOOLS_OVERHEAD_TOKENS if tools else 0
+    )
+    budget_tokens = pool.context_window - max_tokens - tools_tokens
+    context = assemble_context(
+        branch=branch,
+        tokenizer=tokenizer,
+        budget_tokens=budget_tokens,
+        summary=summary_for_branch(branch=branch),
+    )
+    # Turns dropped that no summary covers: the branch's summary is due.
+    summary_request_if_needed(
+        conversation=conversation, leaf=branch[-1], context=context, budget_tokens=budget_tokens
+    )
+    prompt_tokens = context.prompt_tokens + tools_tokens
+    generation = generation_create(
+        message_id=message.pk,
+        conversation_id=conversation.pk,
+        user=user,
+        pool=pool,
+        tier=plan.tier,
+        max_tokens=max_tokens,
+    )
+    # Reserve the prompt estimate plus max output tokens against every limit of the plan at
+    # once; a refusal (413/429) rolls the turn back.
+    reservation_create(generation=generation, prompt_tokens=prompt_tokens, limits=limits)
+    generation_enqueue(
+        generation=generation,
+        request=GenerationRequest(
+            messages=context.messages,
+            prompt_tokens=prompt_tokens,
+            params=params or {},
+            tools=tools,
+            tool_choice=tool_choice,
+            run_tools=run_tools,
+        ),
+    )
+    return generation
 
 
 def _replay(stored: dict[str, Any]) -> Turn | None:
@@ -301,8 +381,12 @@ def turn_from_messages(
     takes the same path as the web chat's: plan, input checks, reservation, scheduler. On a
     refusal the conversation is removed again, so a refused request leaves nothing behind.
     """
-    conversation = conversation_start(
-        user=user, model=model, system_prompt=system_prompt, source=Conversation.Source.API
+    # The turn judges the model against the plan; a refusal removes the conversation again.
+    conversation = services.conversation_create(
+        owner=user,
+        model=model or None,
+        system_prompt=system_prompt,
+        source=Conversation.Source.API,
     )
     # Every message here is the client's own text, never checked before: all of it is new.
     written = "\n\n".join(part for part in [system_prompt, *(m[1] for m in messages)] if part)
@@ -331,25 +415,8 @@ def turn_from_messages(
             tool_choice=tool_choice,
         )
     except BaseException:
-        services.conversation_purge(conversation=conversation)
+        conversation_remove(conversation=conversation, keep_tombstone=False)
         raise
     if turn.replayed:
-        services.conversation_purge(conversation=conversation)
+        conversation_remove(conversation=conversation, keep_tombstone=False)
     return turn
-
-
-def conversation_discard(*, conversation_id: Any) -> bool:
-    """Remove a conversation not to be kept once none of its answers is in flight (their
-    usage is settled by then); False, leaving it, while one still is."""
-    conversation = Conversation.objects.filter(pk=conversation_id).first()
-    if conversation is None:
-        return True
-    in_flight = (
-        Generation.objects.filter(conversation=conversation)
-        .exclude(status__in=Generation.FINAL_STATUSES)
-        .exists()
-    )
-    if in_flight:
-        return False
-    services.conversation_purge(conversation=conversation)
-    return True

@@ -7,6 +7,7 @@ in `settings.INFERENCE_CLIENT`.
 
 from __future__ import annotations
 
+import enum
 import json
 import uuid
 from collections.abc import AsyncIterator, Iterable
@@ -19,10 +20,23 @@ from django.utils.module_loading import import_string
 from prometheus_client.parser import text_string_to_metric_families
 
 
+class FaultCode(enum.StrEnum):
+    """Why a worker failed us; stored as a failed generation's `error_code`."""
+
+    WORKER_UNREACHABLE = "worker_unreachable"  # no connection, or it broke
+    WORKER_STALLED = "worker_stalled"  # no bytes for the stall time
+    WORKER_ERROR = "worker_error"  # an error status or an error chunk
+    WORKER_DISCONNECTED = "worker_disconnected"  # the stream ended before [DONE]
+    BAD_RESPONSE = "bad_response"  # a chunk we could not read
+    TOOLS_UNSUPPORTED = "tools_unsupported"  # started without a tool-call parser
+    NO_POOL = "no_pool"  # a background completion named no active pool
+    NO_WORKER = "no_worker"  # the pool has no healthy worker
+
+
 class WorkerFault(Exception):
     """A worker failed us mid-request: unreachable, an error answer, garbage, or silence."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: FaultCode, message: str) -> None:
         super().__init__(message)
         self.code = code
         self.message = message
@@ -32,7 +46,7 @@ class ToolsUnsupported(WorkerFault):
     """The worker refused the request's tools: it was started without a tool-call parser."""
 
     def __init__(self, message: str) -> None:
-        super().__init__("tools_unsupported", message)
+        super().__init__(FaultCode.TOOLS_UNSUPPORTED, message)
 
 
 @dataclass
@@ -170,7 +184,7 @@ class OpenAICompatibleClient:
             metrics = await self._http.get(f"{base_url}/metrics", timeout=2.0)
             metrics.raise_for_status()
         except httpx.HTTPError as exc:
-            raise WorkerFault("worker_unreachable", f"{type(exc).__name__}: {exc}") from exc
+            raise WorkerFault(FaultCode.WORKER_UNREACHABLE, f"{type(exc).__name__}: {exc}") from exc
         return parse_metrics(metrics.text)
 
     async def stream_chat(
@@ -215,7 +229,7 @@ class OpenAICompatibleClient:
                     if tools and response.status_code == 400 and "tool" in detail:
                         raise ToolsUnsupported(f"the worker refused tools: {detail}")
                     raise WorkerFault(
-                        "worker_error", f"worker answered {response.status_code}: {detail}"
+                        FaultCode.WORKER_ERROR, f"worker answered {response.status_code}: {detail}"
                     )
                 finished = False
                 async for line in response.aiter_lines():
@@ -227,18 +241,22 @@ class OpenAICompatibleClient:
                         break
                     yield _parse_chunk(payload)
                 if not finished:
-                    raise WorkerFault("worker_disconnected", "the worker closed the stream early")
+                    raise WorkerFault(
+                        FaultCode.WORKER_DISCONNECTED, "the worker closed the stream early"
+                    )
         except httpx.TimeoutException as exc:
-            raise WorkerFault("worker_stalled", f"no data from the worker: {exc!r}") from exc
+            raise WorkerFault(
+                FaultCode.WORKER_STALLED, f"no data from the worker: {exc!r}"
+            ) from exc
         except httpx.HTTPError as exc:
-            raise WorkerFault("worker_unreachable", f"{type(exc).__name__}: {exc}") from exc
+            raise WorkerFault(FaultCode.WORKER_UNREACHABLE, f"{type(exc).__name__}: {exc}") from exc
 
 
 def _parse_chunk(payload: str) -> Chunk:
     try:
         data = json.loads(payload)
         if "error" in data:
-            raise WorkerFault("worker_error", str(data["error"])[:500])
+            raise WorkerFault(FaultCode.WORKER_ERROR, str(data["error"])[:500])
         chunk = Chunk(usage=data.get("usage"))
         choices = data["choices"]
         if choices:
@@ -252,7 +270,7 @@ def _parse_chunk(payload: str) -> Chunk:
         raise
     except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
         raise WorkerFault(
-            "bad_response", f"unreadable chunk from the worker: {payload[:200]!r}"
+            FaultCode.BAD_RESPONSE, f"unreadable chunk from the worker: {payload[:200]!r}"
         ) from exc
 
 

@@ -16,8 +16,8 @@ from functools import cache
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
-from django.core.exceptions import ImproperlyConfigured
-from django.utils.module_loading import import_string
+
+from chatsite import dotted
 
 if TYPE_CHECKING:
     from .models import Generation
@@ -44,21 +44,27 @@ class InferenceHooks:
     def generation_tool_round(
         self,
         *,
-        generation: Generation,
+        generation_id: Any,
         text: str,
         tool_calls: list[dict[str, Any]],
         results: list[dict[str, Any]],
     ) -> bool:
-        """The scheduler ran the tools the model called; keep the round. False if the
-        generation's transcript is gone (the answer then ends without being continued)."""
+        """The scheduler ran the tools the model called: keep the round. False when the
+        generation ended or its transcript is gone meanwhile (it is then not continued)."""
         return True
 
-    def generation_tool_calls(self, *, generation_id: Any, tool_calls: list[dict[str, Any]]) -> None:
+    def generation_tool_calls(
+        self, *, generation_id: Any, tool_calls: list[dict[str, Any]]
+    ) -> None:
         """The answer ended at tool calls for the client (`/v1`) to run."""
 
+    def generation_finishing(self, *, generation: Generation, outcome: Outcome) -> None:
+        """The generation reaches its final state. Called inside the transaction that writes
+        it, with the row locked: rows written here commit with it (or not at all); side
+        effects go out with `transaction.on_commit`."""
+
     def generation_finished(self, *, generation: Generation, outcome: Outcome) -> None:
-        """The generation reached its final state. Called inside the transaction that writes
-        it: rows written here commit with it; side effects go out with `on_commit`."""
+        """The final state is committed; the stream's `done` event goes out after this."""
 
     def generation_output_flagged(
         self, *, generation_id: Any, excerpt: str, verdict: Any, retracted: bool
@@ -79,7 +85,7 @@ class HookManager:
     def generation_tool_round(
         self,
         *,
-        generation: Generation,
+        generation_id: Any,
         text: str,
         tool_calls: list[dict[str, Any]],
         results: list[dict[str, Any]],
@@ -88,15 +94,21 @@ class HookManager:
         for subscriber in self.subscribers:
             kept = (
                 subscriber.generation_tool_round(
-                    generation=generation, text=text, tool_calls=tool_calls, results=results
+                    generation_id=generation_id, text=text, tool_calls=tool_calls, results=results
                 )
                 and kept
             )
         return kept
 
-    def generation_tool_calls(self, *, generation_id: Any, tool_calls: list[dict[str, Any]]) -> None:
+    def generation_tool_calls(
+        self, *, generation_id: Any, tool_calls: list[dict[str, Any]]
+    ) -> None:
         for subscriber in self.subscribers:
             subscriber.generation_tool_calls(generation_id=generation_id, tool_calls=tool_calls)
+
+    def generation_finishing(self, *, generation: Generation, outcome: Outcome) -> None:
+        for subscriber in self.subscribers:
+            subscriber.generation_finishing(generation=generation, outcome=outcome)
 
     def generation_finished(self, *, generation: Generation, outcome: Outcome) -> None:
         for subscriber in self.subscribers:
@@ -113,20 +125,7 @@ class HookManager:
 
 def load_hooks(paths: Sequence[str]) -> HookManager:
     """The manager of the subscribers at `paths`; ImproperlyConfigured names a bad one."""
-    subscribers = []
-    for path in paths:
-        try:
-            cls = import_string(path)
-        except ImportError as exc:
-            raise ImproperlyConfigured(
-                f"INFERENCE_HOOKS: cannot import {path!r} ({exc})."
-            ) from exc
-        if not (isinstance(cls, type) and issubclass(cls, InferenceHooks)):
-            raise ImproperlyConfigured(
-                f"INFERENCE_HOOKS: {path!r} is not a subclass of inference.hooks.InferenceHooks."
-            )
-        subscribers.append(cls())
-    return HookManager(subscribers)
+    return HookManager([dotted.build("INFERENCE_HOOKS", path, InferenceHooks) for path in paths])
 
 
 @cache

@@ -22,7 +22,10 @@ from typing import Any, cast
 
 from django.conf import settings
 from redis import Redis
-from redis.asyncio import Redis as AsyncRedis
+
+# The project's one client factory, re-exported for the callers that say `queue.sync_redis()`.
+from chatsite.redis import async_redis as async_redis
+from chatsite.redis import sync_redis as sync_redis
 
 JOB_TTL_SECONDS = 24 * 3600
 LEASE_SECONDS = 30
@@ -71,14 +74,6 @@ def tiers_best_first() -> list[str]:
 
 def now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def sync_redis() -> Redis:
-    return Redis.from_url(settings.REDIS_URL, decode_responses=True)
-
-
-def async_redis(**options: Any) -> AsyncRedis:
-    return AsyncRedis.from_url(settings.REDIS_URL, decode_responses=True, **options)
 
 
 # Enqueue: the job, its place in the queue and the first stream event, all at once.

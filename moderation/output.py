@@ -5,22 +5,20 @@ The scheduler keeps one `OutputWindow` per generation. Once enough new text has 
 `MODERATION_WINDOW_TOKENS` ending at the newest text and reaching back past the previous
 check's end by `MODERATION_WINDOW_OVERLAP_TOKENS`, so a phrase cut by one window's edge lies
 whole in the next and no text goes unchecked. At the end the whole text is checked once
-more. Checks run off the event loop. When one trips, `retract` appends the `retract` event
-and deletes the stream's `delta` events in one step, so a client that re-attaches never
-gets the text back.
+more. Checks run off the event loop. When one trips, the scheduler withdraws the answer
+with `retract_event`'s payload (its stream writer drops the text from the stream in the same
+step). `StreamingOutputGuard` is what the scheduler loads (`INFERENCE_OUTPUT_GUARD`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass
-from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from inference import queue
+from chatsite.stream_events import RetractData
 from inference.services import CONTENT_FILTER
 
 from . import engine
@@ -28,26 +26,6 @@ from .categories import label
 from .engine import Verdict
 
 CHARS_PER_TOKEN = 4
-
-# The retract event, then every delta dropped: atomic, so no reader sees one without the other.
-RETRACT = """
-local id = redis.call('XADD', KEYS[1], '*', 'event', 'retract', 'data', ARGV[1])
-local entries = redis.call('XRANGE', KEYS[1], '-', id)
-for _, entry in ipairs(entries) do
-  local fields = entry[2]
-  for i = 1, #fields, 2 do
-    if fields[i] == 'event' and fields[i + 1] == 'delta' then
-      redis.call('XDEL', KEYS[1], entry[1])
-    end
-  end
-end
-return id
-"""
-
-
-class ContentBlocked(Exception):
-    """Raised inside the scheduler's streaming loop when a check trips: it ends the upstream
-    request (closing it aborts the generation in vLLM)."""
 
 
 @dataclass
@@ -120,20 +98,25 @@ async def check(text: str) -> Verdict:
     return await asyncio.to_thread(engine.evaluate, text, policy)
 
 
-def retract_event(verdict: Verdict) -> dict[str, Any]:
+def retract_event(verdict: Verdict) -> RetractData:
+    """The `retract` event's payload: why, and the notice clients show instead."""
     categories = verdict.blocked
-    return {
-        "reason": CONTENT_FILTER,
-        "categories": categories,
-        "labels": [label(category) for category in categories],
-        "notice": settings.MODERATION_RETRACT_NOTICE,
-    }
-
-
-async def retract(redis: Any, generation_id: str, verdict: Verdict) -> str:
-    """Tell every client to replace the text with a notice, and drop the text from the stream."""
-    return str(
-        await redis.eval(
-            RETRACT, 1, queue.stream_key(generation_id), json.dumps(retract_event(verdict))
-        )
+    return RetractData(
+        reason=CONTENT_FILTER,
+        categories=categories,
+        labels=[label(category) for category in categories],
+        notice=settings.MODERATION_RETRACT_NOTICE,
     )
+
+
+class StreamingOutputGuard:
+    """Output moderation as the scheduler's output guard (`inference.scheduler.guard`)."""
+
+    def window(self) -> OutputWindow | None:
+        return output_window()
+
+    async def check(self, excerpt: str) -> Verdict:
+        return await check(excerpt)
+
+    def retract_payload(self, verdict: Verdict) -> RetractData:
+        return retract_event(verdict)

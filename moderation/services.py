@@ -20,6 +20,7 @@ from django.db import transaction
 from django.utils import timezone
 
 from chatsite.errors import NotFound, ServiceError
+from inference.models import Generation
 
 from . import engine, selectors
 from .categories import label
@@ -119,8 +120,6 @@ def output_flag_record(
     *, generation_id: Any, excerpt: str, verdict: Verdict, retracted: bool
 ) -> Flag:
     """Record a streamed answer's flag against its message (the scheduler calls this)."""
-    from inference.models import Generation
-
     generation = Generation.objects.get(pk=generation_id)
     return flag_record(
         user=generation.user_id,

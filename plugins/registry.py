@@ -25,6 +25,9 @@ from packaging.specifiers import InvalidSpecifier, SpecifierSet
 
 import chatsite
 
+# Defined by the inference plane (the tool loop's contract); re-exported for the plugin layer.
+from inference.tools import ToolResult as ToolResult
+
 from .sdk import Plugin, Tool
 
 logger = logging.getLogger(__name__)
@@ -55,20 +58,6 @@ class ToolSpec:
                 "parameters": self.parameters,
             },
         }
-
-
-@dataclass(frozen=True)
-class ToolResult:
-    """What a tool run gave: the text for the model, or an error code and message.
-
-    Error codes: "unknown_tool", "bad_arguments", "timeout", "too_large", "malformed",
-    "failed", "unavailable". On error `content` is the text the model is shown.
-    """
-
-    ok: bool
-    content: str
-    error_code: str = ""
-    error_message: str = ""
 
 
 class Problem:

@@ -10,7 +10,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from accounts import selectors, services
-from billing.abuse import abuse_limit
+from accounts.abuse import abuse_limit
 from chatsite.auth import request_user
 
 from .serializers import (

@@ -20,8 +20,8 @@ from billing.pricing import format_micros, generation_cost_micros, micros_to_min
 from billing.tests.factories import price, subscribe
 from billing.tests.helpers import finish, send
 from chatsite.celery import app
+from conversations.removal import conversation_remove
 from conversations.services import conversation_create
-from conversations.turns import conversation_remove
 from inference.models import Generation, ModelPool
 
 pytestmark = pytest.mark.django_db

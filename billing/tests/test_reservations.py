@@ -18,6 +18,7 @@ from billing.tests.helpers import API, finish, send, tokens_left
 from chatsite.testing import assert_error
 from conversations import turns
 from conversations.models import Conversation, Message
+from conversations.removal import conversation_remove
 from conversations.services import conversation_create
 from inference.models import Generation, ModelPool
 from inference.services import generation_cancel
@@ -305,7 +306,7 @@ def test_deleting_a_conversation_gives_back_its_unfinished_answers_reservation(
     generation_id = send(api_client, conversation).json()["generation"]["id"]
 
     with django_capture_on_commit_callbacks(execute=True):
-        turns.conversation_remove(conversation=conversation)
+        conversation_remove(conversation=conversation)
 
     assert held_tokens(user, generation_id) is None
     assert send(api_client, new_conversation(user, pool)).status_code == 201

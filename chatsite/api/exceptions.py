@@ -10,7 +10,7 @@ from rest_framework import exceptions, status
 from rest_framework.response import Response
 from rest_framework.views import set_rollback
 
-from chatsite.errors import ServiceError
+from chatsite.errors import ServiceError, error_body
 
 # DRF's own default codes, renamed where ours read better to a client.
 _DRF_CODES = {
@@ -25,10 +25,6 @@ _DRF_CODES = {
     "parse_error": "malformed_request",
     "invalid": "invalid",
 }
-
-
-def error_body(code: str, message: str, detail: Any = None) -> dict[str, Any]:
-    return {"error": {"code": code, "message": message, "detail": detail}}
 
 
 def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | None:

@@ -240,15 +240,3 @@ class TurnSerializer(serializers.Serializer[Any]):
     assistant_message = MessageSerializer(help_text="Queued; its text arrives by generation.")
     current_leaf_id = serializers.UUIDField()
     generation = TurnGenerationSerializer()
-
-
-class ErrorDetailSerializer(serializers.Serializer[Any]):
-    code = serializers.CharField()
-    message = serializers.CharField()
-    detail = serializers.JSONField(allow_null=True)
-
-
-class ErrorSerializer(serializers.Serializer[Any]):
-    """Every error the API answers: `{"error": {"code", "message", "detail"}}`."""
-
-    error = ErrorDetailSerializer()

@@ -10,15 +10,16 @@ import uuid
 from typing import Any
 
 from django.utils.decorators import method_decorator
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.abuse import abuse_limit
 from accounts.models import ApiKey
-from billing.abuse import abuse_limit
 from chatsite.auth import request_user
+from chatsite.schema import error_responses
 from conversations import selectors, services, turns
 from conversations.models import Conversation, Message
 from inference.selectors import generation_ids_for_messages
@@ -30,7 +31,6 @@ from .serializers import (
     ConversationPageSerializer,
     ConversationSerializer,
     ConversationUpdateSerializer,
-    ErrorSerializer,
     MessageCreateSerializer,
     MessageEditSerializer,
     MessageSerializer,
@@ -50,10 +50,6 @@ IDEMPOTENCY_KEY = OpenApiParameter(
 
 def _idempotency_key(request: Request) -> str | None:
     return request.headers.get("Idempotency-Key")
-
-
-def _errors(*statuses: int) -> dict[int, OpenApiResponse]:
-    return {code: OpenApiResponse(ErrorSerializer) for code in statuses}
 
 
 def _detail(conversation: Conversation) -> dict[str, Any]:
@@ -111,7 +107,7 @@ class ConversationListView(APIView):
         operation_id="conversations_list",
         summary="The sidebar: newest activity first",
         parameters=[SidebarQuerySerializer],
-        responses={200: ConversationPageSerializer, **_errors(400)},
+        responses={200: ConversationPageSerializer, **error_responses(400)},
     )
     def get(self, request: Request) -> Response:
         params = SidebarQuerySerializer(data=request.query_params)
@@ -134,7 +130,7 @@ class ConversationListView(APIView):
         operation_id="conversations_create",
         summary="Start a conversation",
         request=ConversationCreateSerializer,
-        responses={201: ConversationDetailSerializer, **_errors(400, 413)},
+        responses={201: ConversationDetailSerializer, **error_responses(400, 413)},
     )
     def post(self, request: Request) -> Response:
         form = ConversationCreateSerializer(data=request.data)
@@ -153,7 +149,7 @@ class ConversationDetailView(APIView):
         tags=TAGS,
         operation_id="conversations_retrieve",
         summary="A conversation with its active branch",
-        responses={200: ConversationDetailSerializer, **_errors(404)},
+        responses={200: ConversationDetailSerializer, **error_responses(404)},
     )
     def get(self, request: Request, conversation_id: uuid.UUID) -> Response:
         conversation = selectors.conversation_for_user(
@@ -166,7 +162,7 @@ class ConversationDetailView(APIView):
         operation_id="conversations_rename",
         summary="Rename a conversation",
         request=ConversationUpdateSerializer,
-        responses={200: ConversationSerializer, **_errors(400, 404)},
+        responses={200: ConversationSerializer, **error_responses(400, 404)},
     )
     def patch(self, request: Request, conversation_id: uuid.UUID) -> Response:
         conversation = selectors.conversation_for_user(
@@ -183,7 +179,7 @@ class ConversationDetailView(APIView):
         tags=TAGS,
         operation_id="conversations_delete",
         summary="Delete a conversation and all its messages",
-        responses={204: None, **_errors(404)},
+        responses={204: None, **error_responses(404)},
     )
     def delete(self, request: Request, conversation_id: uuid.UUID) -> Response:
         conversation = selectors.conversation_for_user(
@@ -202,7 +198,7 @@ class MessageListView(APIView):
         "a queued assistant placeholder, which becomes the current leaf.",
         request=MessageCreateSerializer,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: TurnSerializer, **_errors(400, 403, 404, 409, 413, 422, 429)},
+        responses={201: TurnSerializer, **error_responses(400, 403, 404, 409, 413, 422, 429)},
     )
     @method_decorator(abuse_limit("message_post"))
     def post(self, request: Request, conversation_id: uuid.UUID) -> Response:
@@ -226,7 +222,7 @@ class MessageDetailView(APIView):
         tags=TAGS,
         operation_id="messages_retrieve",
         summary="One message",
-        responses={200: MessageSerializer, **_errors(404)},
+        responses={200: MessageSerializer, **error_responses(404)},
     )
     def get(self, request: Request, conversation_id: uuid.UUID, message_id: uuid.UUID) -> Response:
         message = _message(request, conversation_id, message_id)
@@ -240,7 +236,7 @@ class MessageEditView(APIView):
         summary="Edit a user message (forks a new branch)",
         request=MessageEditSerializer,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: TurnSerializer, **_errors(400, 403, 404, 409, 413, 422, 429)},
+        responses={201: TurnSerializer, **error_responses(400, 403, 404, 409, 413, 422, 429)},
     )
     @method_decorator(abuse_limit("message_post"))
     def post(self, request: Request, conversation_id: uuid.UUID, message_id: uuid.UUID) -> Response:
@@ -263,7 +259,7 @@ class MessageRegenerateView(APIView):
         summary="Regenerate an answer (adds a sibling)",
         request=None,
         parameters=[IDEMPOTENCY_KEY],
-        responses={201: TurnSerializer, **_errors(400, 403, 404, 409, 413, 422, 429)},
+        responses={201: TurnSerializer, **error_responses(400, 403, 404, 409, 413, 422, 429)},
     )
     @method_decorator(abuse_limit("message_post"))
     def post(self, request: Request, conversation_id: uuid.UUID, message_id: uuid.UUID) -> Response:
@@ -284,7 +280,7 @@ class BranchSwitchView(APIView):
         description="Shows the branch through `message_id`, down to the deepest message "
         "last viewed under it.",
         request=BranchSwitchSerializer,
-        responses={200: ConversationDetailSerializer, **_errors(400, 404)},
+        responses={200: ConversationDetailSerializer, **error_responses(400, 404)},
     )
     def post(self, request: Request, conversation_id: uuid.UUID) -> Response:
         conversation = selectors.conversation_for_user(

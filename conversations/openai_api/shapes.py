@@ -7,6 +7,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
+from chatsite.stream_events import StreamEvent
 from inference.models import ModelPool
 
 # What OpenAI's clients know; the scheduler's own reasons map onto them.
@@ -46,24 +47,24 @@ class Answer:
 
     def apply(self, event: str, data: dict[str, Any]) -> str:
         """Take one stream event; returns the new text it adds (empty for most events)."""
-        if event == "delta" and not self.retracted:
+        if event == StreamEvent.DELTA and not self.retracted:
             text = str(data.get("text") or "")
             self.text += text
             return text
-        if event == "restart":
+        if event == StreamEvent.RESTART:
             # The worker failed and another one starts over: what came before is void.
             self.text = ""
             self.tool_calls = []
             self.restarted = True
-        elif event == "retract":
+        elif event == StreamEvent.RETRACT:
             # Output moderation stopped the answer: its text is withdrawn.
             self.retracted = True
             self.text = ""
-        elif event == "tool_calls" and not self.retracted:
+        elif event == StreamEvent.TOOL_CALLS and not self.retracted:
             self.tool_calls = list(data.get("tool_calls") or [])
-        elif event == "error":
+        elif event == StreamEvent.ERROR:
             self.error = (str(data.get("code") or ""), str(data.get("message") or ""))
-        elif event == "done":
+        elif event == StreamEvent.DONE:
             self.done = True
             self.status = str(data.get("status") or "")
             self.prompt_tokens = int(data.get("prompt_tokens") or 0)

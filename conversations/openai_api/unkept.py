@@ -13,8 +13,10 @@ from typing import Any
 
 from django.conf import settings
 
-from conversations.turns import conversation_discard
+from conversations.models import Conversation
+from conversations.removal import conversation_remove
 from inference import queue
+from inference.models import Generation
 
 logger = logging.getLogger(__name__)
 
@@ -29,9 +31,18 @@ def unkept_remember(*, conversation_id: Any) -> None:
 
 
 def unkept_discard(*, conversation_id: Any) -> bool:
-    """Remove the conversation if its answer is final; False while it is still in flight."""
-    if not conversation_discard(conversation_id=conversation_id):
-        return False
+    """Remove the conversation, leaving no tombstone, once none of its answers is in flight
+    (their usage is settled by then); False, leaving it, while one still is."""
+    conversation = Conversation.objects.filter(pk=conversation_id).first()
+    if conversation is not None:
+        in_flight = (
+            Generation.objects.filter(conversation=conversation)
+            .exclude(status__in=Generation.FINAL_STATUSES)
+            .exists()
+        )
+        if in_flight:
+            return False
+        conversation_remove(conversation=conversation, keep_tombstone=False)
     queue.sync_redis().zrem(_key(), str(conversation_id))
     return True
 

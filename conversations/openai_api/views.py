@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass
@@ -27,11 +26,15 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from django.views.decorators.csrf import csrf_exempt
 from redis.exceptions import RedisError
 
+from accounts.abuse import abuse_retry_after
+from accounts.errors import ErrorCode as AccountsErrorCode
 from accounts.models import ApiKey
 from accounts.services import api_key_authenticate
-from billing.abuse import abuse_retry_after
 from billing.selectors import plan_for_user, pools_for_plan
+from chatsite import sse
+from chatsite.auth import bearer_token
 from chatsite.errors import ServiceError
+from chatsite.stream_events import StreamEvent
 from conversations import turns
 from inference import queue
 from inference.models import Generation
@@ -44,24 +47,23 @@ from .unkept import unkept_discard, unkept_remember
 
 logger = logging.getLogger(__name__)
 
-READ_BATCH = 64
 # Background work that outlives its request (removing an unkept conversation once its
 # cancelled answer is final): referenced here so the event loop does not drop it.
 _BACKGROUND: set[asyncio.Task[None]] = set()
 
 
 async def _authenticate(request: HttpRequest) -> ApiKey:
-    scheme, _, raw_key = request.headers.get("Authorization", "").partition(" ")
+    raw_key = bearer_token(request)
     # Whatever the session says, this API answers to keys only; the rate-limit headers
     # then describe the key's owner.
     request.user = AnonymousUser()
-    if scheme.lower() != "bearer" or not raw_key.strip():
+    if not raw_key:
         raise OpenAIError(
             401,
             "You didn't provide an API key. Send it as 'Authorization: Bearer csk_...'.",
             code="missing_api_key",
         )
-    key = await sync_to_async(api_key_authenticate)(raw_key=raw_key.strip())
+    key = await sync_to_async(api_key_authenticate)(raw_key=raw_key)
     if key is None:
         raise OpenAIError(401, "Incorrect or revoked API key provided.", code="invalid_api_key")
     request.user = key.user
@@ -169,7 +171,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
             raise OpenAIError(
                 429,
                 "Too many requests from your network; please wait before trying again.",
-                code="rate_limited",
+                code=AccountsErrorCode.RATE_LIMITED,
                 retry_after=retry_after,
             )
         key = await _authenticate(request)
@@ -180,13 +182,11 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
     except ServiceError as exc:
         return from_service_error(exc).response()
 
-    redis = queue.async_redis(socket_timeout=settings.STREAM_HEARTBEAT_SECONDS + 10)
+    redis = sse.stream_redis()
     if wanted.stream:
-        response: HttpResponse | StreamingHttpResponse = StreamingHttpResponse(
-            _streamed(redis, started, wanted), content_type="text/event-stream"
+        response: HttpResponse | StreamingHttpResponse = sse.sse_response(
+            _streamed(redis, started, wanted)
         )
-        response["Cache-Control"] = "no-cache"
-        response["X-Accel-Buffering"] = "no"
     else:
         response = await _whole(redis, started)
     response["x-request-id"] = shapes.completion_id(started.generation.pk)
@@ -195,22 +195,10 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
     return response
 
 
-async def _events(
-    redis: Any, generation_id: str
-) -> AsyncGenerator[tuple[str, dict[str, Any]], None]:
-    """The generation's stream events from the first, then live; ("heartbeat", {}) while
-    nothing happens for a heartbeat period."""
-    stream = queue.stream_key(generation_id)
-    last_id = "0-0"
-    block_ms = settings.STREAM_HEARTBEAT_SECONDS * 1000
-    while True:
-        batches = await redis.xread({stream: last_id}, count=READ_BATCH, block=block_ms)
-        if not batches:
-            yield "heartbeat", {}
-            continue
-        for entry_id, fields in batches[0][1]:
-            last_id = entry_id
-            yield fields.get("event", "message"), json.loads(fields.get("data") or "{}")
+def _events(redis: Any, generation_id: str) -> AsyncGenerator[sse.Entry | None, None]:
+    """The generation's stream events from the first, then live, until `done`; None after
+    each heartbeat period in which nothing happened."""
+    return sse.read(redis, queue.stream_key(generation_id), "0-0")
 
 
 def _failure(answer: shapes.Answer) -> OpenAIError | None:
@@ -226,8 +214,9 @@ async def _whole(redis: Any, started: _Started) -> HttpResponse:
     answer = shapes.Answer()
     try:
         async with contextlib.aclosing(_events(redis, str(started.generation.pk))) as events:
-            async for event, data in events:
-                answer.apply(event, data)
+            async for entry in events:
+                if entry is not None:
+                    answer.apply(entry.event, entry.payload())
                 if answer.done:
                     break
     except RedisError:
@@ -265,11 +254,11 @@ async def _streamed(
     try:
         yield chunks.role()
         async with contextlib.aclosing(_events(redis, str(started.generation.pk))) as events:
-            async for event, data in events:
-                if event == "heartbeat":
-                    yield b": keep-alive\n\n"
+            async for entry in events:
+                if entry is None:
+                    yield sse.HEARTBEAT
                     continue
-                if event == "restart" and sent:
+                if entry.event == StreamEvent.RESTART and sent:
                     # The text already sent cannot be taken back: end with an error rather
                     # than splice a second answer onto the first (the generation is then
                     # cancelled as for a client that left).
@@ -281,7 +270,7 @@ async def _streamed(
                         ).body()
                     )
                     return
-                text = answer.apply(event, data)
+                text = answer.apply(entry.event, entry.payload())
                 if text:
                     sent = True
                     yield chunks.content(text)
@@ -346,12 +335,12 @@ def _discard(conversation_id: Any) -> bool:
 async def _discard_when_final(started: _Started) -> None:
     """Wait (a while) for the cancelled answer to be final, then remove its conversation;
     the sweeper removes it later if this gives up."""
-    redis = queue.async_redis(socket_timeout=settings.STREAM_HEARTBEAT_SECONDS + 10)
+    redis = sse.stream_redis()
     try:
         async with asyncio.timeout(settings.OPENAI_API_CANCEL_WAIT_SECONDS):
             async with contextlib.aclosing(_events(redis, str(started.generation.pk))) as events:
-                async for event, _ in events:
-                    if event == "done":
+                async for entry in events:
+                    if entry is not None and entry.event == StreamEvent.DONE:
                         break
         await sync_to_async(_discard)(started.conversation_id)
     except TimeoutError:

@@ -20,8 +20,8 @@ from django.conf import settings
 from playwright.sync_api import expect
 
 from conversations.models import Conversation, Message
+from conversations.removal import conversation_remove
 from conversations.services import conversation_create
-from conversations.turns import conversation_remove
 from inference.models import Generation
 from inference.tests.fixtures import LiveEdge, RealWorker
 

@@ -20,9 +20,9 @@ from django.db import connections
 from playwright.sync_api import expect
 
 from conversations.models import Conversation, Message
+from conversations.removal import conversation_remove
 from conversations.services import conversation_create
 from conversations.titles import title_generate
-from conversations.turns import conversation_remove
 from inference.tests.fake_worker import FakeWorker
 from inference.tests.fixtures import LiveEdge, RealWorker
 from moderation import engine

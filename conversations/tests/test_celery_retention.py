@@ -24,9 +24,10 @@ from chatsite.beat import SeedOnceDatabaseScheduler
 from chatsite.celery import app
 from conversations.events import user_event_publish, user_events_key
 from conversations.models import BranchSummary, Conversation, Message
+from conversations.removal import conversation_remove
 from conversations.services import conversation_create
 from conversations.tasks import purge_expired_conversations
-from conversations.turns import Turn, conversation_remove, turn_send
+from conversations.turns import Turn, turn_send
 from inference import queue
 from inference.models import Generation
 from inference.services import generation_finish

@@ -26,9 +26,10 @@ from conversations.summaries import (
 from conversations.turns import Turn, turn_edit, turn_send
 from inference import queue
 from inference.models import ModelPool, Worker
-from inference.services import generation_finish, pool_tokenizer_folder
+from inference.services import generation_finish
 from inference.tests.fake_worker import FakeWorker
 from inference.tests.fixtures import register_pool
+from inference.tokens import pool_tokenizer_folder
 from plugins.models import PluginConfig
 from plugins.registry import get_registry
 

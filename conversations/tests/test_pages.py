@@ -13,7 +13,8 @@ from django.conf import settings
 from django.test import Client
 
 from billing.models import Plan, PlanPool, Subscription
-from conversations.services import conversation_create, conversation_delete
+from conversations.removal import conversation_remove
+from conversations.services import conversation_create
 from inference.models import ModelPool
 
 pytestmark = pytest.mark.django_db
@@ -166,7 +167,7 @@ def test_another_users_conversation_page_is_404(logged_in: Client, other_user: A
 
 def test_a_deleted_conversation_page_is_404(logged_in: Client, user: Any) -> None:
     conversation = conversation_create(owner=user, title="Gone")
-    conversation_delete(conversation=conversation)
+    conversation_remove(conversation=conversation)
 
     assert logged_in.get(f"/c/{conversation.pk}").status_code == 404
 

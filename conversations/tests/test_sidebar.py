@@ -9,8 +9,9 @@ from rest_framework.test import APIClient
 
 from chatsite.errors import ServiceError
 from conversations.models import Conversation
+from conversations.removal import conversation_remove
 from conversations.selectors import conversation_sidebar
-from conversations.services import conversation_delete, conversation_rename
+from conversations.services import conversation_rename
 
 from .factories import ConversationFactory, exchange
 
@@ -49,7 +50,7 @@ def test_search_matches_titles_case_insensitively(user: Any) -> None:
 def test_deleted_conversations_are_hidden(user: Any) -> None:
     kept = ConversationFactory.create(owner=user, title="kept")
     gone = ConversationFactory.create(owner=user, title="gone")
-    conversation_delete(conversation=gone)
+    conversation_remove(conversation=gone)
 
     page = conversation_sidebar(user=user)
 

@@ -10,11 +10,11 @@ from django.test.utils import CaptureQueriesContext
 
 from chatsite.errors import ServiceError
 from conversations.models import Conversation, Message
+from conversations.removal import conversation_remove
 from conversations.selectors import active_branch, message_ancestry, sibling_positions
 from conversations.services import (
     branch_switch,
     conversation_create,
-    conversation_delete,
     conversation_rename,
     message_edit,
     message_regenerate,
@@ -259,7 +259,7 @@ def test_delete_removes_every_message_and_keeps_a_tombstone() -> None:
     exchange(conversation, "one")
     exchange(conversation, "two")
 
-    conversation_delete(conversation=conversation)
+    conversation_remove(conversation=conversation)
 
     tombstone = Conversation.objects.get(pk=conversation.pk)
     assert tombstone.deleted_at is not None
@@ -285,7 +285,7 @@ def test_every_write_into_a_deleted_conversation_is_refused(write: str) -> None:
     stale = Conversation.objects.get(pk=conversation.pk)
     user_message = Message.objects.select_related("conversation").get(pk=user_message.pk)
     answer = Message.objects.select_related("conversation").get(pk=answer.pk)
-    conversation_delete(conversation=stale)
+    conversation_remove(conversation=stale)
 
     calls = {
         "send": lambda: message_send(conversation=conversation, content="hello"),

@@ -17,8 +17,8 @@ from django.db import OperationalError
 from billing.tests.factories import subscribe
 from conversations.models import Message
 from inference import queue, services
-from inference import scheduler as scheduler_module
 from inference.models import Generation, Worker
+from inference.scheduler import run as scheduler_run
 
 from .fixtures import (
     finished,
@@ -325,7 +325,7 @@ async def test_final_write_survives_a_database_hiccup(
         return real_finish(**kwargs)
 
     monkeypatch.setattr(services, "generation_finish", flaky_finish)
-    monkeypatch.setattr(scheduler_module, "FINISH_RETRY_DELAYS", (0.05, 0.05))
+    monkeypatch.setattr(scheduler_run, "FINISH_RETRY_DELAYS", (0.05, 0.05))
     async with running_schedulers():
         await wait_for(lambda: finished(turn.generation.id))
     generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
@@ -345,7 +345,7 @@ async def test_a_generation_that_cannot_be_finished_is_handed_to_the_sweeper(
         raise OperationalError("the database is gone")
 
     monkeypatch.setattr(services, "generation_finish", broken_finish)
-    monkeypatch.setattr(scheduler_module, "FINISH_RETRY_DELAYS", (0.05,))
+    monkeypatch.setattr(scheduler_run, "FINISH_RETRY_DELAYS", (0.05,))
     gid = str(turn.generation.id)
     async with running_schedulers() as replicas:
 

@@ -15,12 +15,14 @@ from django.conf import settings as django_settings
 from django.contrib.auth.models import User
 from django.db import transaction
 
+from billing.selectors import plan_for_user, pool_limits
 from conversations.context import count_tokens, load_tokenizer
 from conversations.models import Conversation, Message
 from conversations.selectors import active_branch
 from conversations.services import conversation_create, message_send
+from conversations.turns import generation_start
 from inference.models import Generation, ModelPool, Worker
-from inference.services import generation_start
+from inference.services import pool_named
 from plugins.services import conversation_tools_set
 
 from .fixtures import RealWorker, finished, running_schedulers, stream_events, wait_for
@@ -44,9 +46,14 @@ def _ask_forcing_the_calculator(user: User, content: str) -> Generation:
     conversation_tools_set(user=user, conversation=conversation, switches={"calculator": True})
     with transaction.atomic():
         _, placeholder = message_send(conversation=conversation, content=content)
+        plan = plan_for_user(user=user)
+        pool = pool_named(model=conversation.model)
         return generation_start(
             message=placeholder,
             user=user,
+            plan=plan,
+            pool=pool,
+            limits=pool_limits(plan=plan, pool=pool),
             max_tokens=80,
             # Greedy, so the small model writes the expression it was asked about.
             params={"temperature": 0},

@@ -9,7 +9,6 @@ same MLCommons taxonomy we use. The named categories score the model's probabili
 
 from __future__ import annotations
 
-import itertools
 import math
 import re
 import threading
@@ -17,7 +16,10 @@ import time
 from typing import Any
 
 from django.conf import settings
+from redis import RedisError
 
+from inference.models import Worker
+from inference.scheduler.capacity import background_order
 from moderation.categories import CATEGORIES
 
 from .base import Classifier, ClassifierError, Scores, post_json
@@ -58,19 +60,16 @@ def unsafe_probability(choice: dict[str, Any]) -> float:
 
 
 class LlamaGuardClassifier(Classifier):
-    """Asks the Llama Guard pool's workers in turn."""
+    """Asks a worker of the Llama Guard pool, the one the scheduler's placement prefers."""
 
     name = "llama_guard"
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._targets: list[tuple[str, str]] = []
+        self._targets: dict[int, tuple[str, str]] = {}
         self._loaded_at = -math.inf
-        self._turn = itertools.count()
 
     def refresh(self) -> None:
-        from inference.models import Worker
-
         if time.monotonic() - self._loaded_at < WORKERS_REFRESH_SECONDS:
             return
         rows = Worker.objects.filter(
@@ -78,18 +77,22 @@ class LlamaGuardClassifier(Classifier):
             pool__is_active=True,
             state=Worker.State.HEALTHY,
         ).select_related("pool")
-        targets = [(row.url.rstrip("/"), row.pool.served_model) for row in rows]
+        targets = {row.pk: (row.url.rstrip("/"), row.pool.served_model) for row in rows}
         with self._lock:
             self._targets, self._loaded_at = targets, time.monotonic()
 
     def classify(self, text: str) -> Scores:
         with self._lock:
-            targets = list(self._targets)
+            targets = dict(self._targets)
+        pool = settings.MODERATION_LLAMA_GUARD_POOL
         if not targets:
-            raise ClassifierError(
-                f"no healthy worker serves the pool {settings.MODERATION_LLAMA_GUARD_POOL!r}"
-            )
-        url, model = targets[next(self._turn) % len(targets)]
+            raise ClassifierError(f"no healthy worker serves the pool {pool!r}")
+        try:
+            # `classify` never touches the database; the loads are in Redis.
+            order = background_order(pool=pool, worker_ids=sorted(targets))
+        except RedisError as exc:
+            raise ClassifierError(f"could not read the load of the pool {pool!r}") from exc
+        url, model = targets[order[0]]
         body = {
             "model": model,
             "messages": [{"role": "user", "content": text}],

@@ -11,6 +11,7 @@ import time
 
 from django.conf import settings
 
+from moderation import selectors
 from moderation.categories import Category
 from moderation.rules import BUILTIN_RULES, CompiledRule, compile_rule, deobfuscate, normalise
 
@@ -68,8 +69,6 @@ class LocalClassifier(Classifier):
         return tuple(rules)
 
     def refresh(self) -> None:
-        from moderation import selectors
-
         now = time.monotonic()
         version = selectors.rules_version()
         if version == self._staff_version and now - self._checked_at < RULES_REFRESH_SECONDS:

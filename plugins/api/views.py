@@ -5,12 +5,12 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from drf_spectacular.utils import OpenApiResponse, extend_schema
+from drf_spectacular.utils import extend_schema
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
-from conversations.api.serializers import ErrorSerializer
+from chatsite.schema import error_responses
 from conversations.models import Conversation
 from conversations.selectors import conversation_for_user
 from plugins import selectors, services
@@ -40,7 +40,7 @@ class ConversationToolsView(APIView):
         operation_id="conversation_tools_list",
         summary="The tools of a conversation",
         description="Every tool your plan offers, and whether the model may call it here.",
-        responses={200: ConversationToolListSerializer, 404: OpenApiResponse(ErrorSerializer)},
+        responses={200: ConversationToolListSerializer, **error_responses(404)},
     )
     def get(self, request: Request, conversation_id: uuid.UUID) -> Response:
         conversation = conversation_for_user(user=request.user, conversation_id=conversation_id)
@@ -53,7 +53,7 @@ class ConversationToolsView(APIView):
         request=ConversationToolSwitchSerializer,
         responses={
             200: ConversationToolListSerializer,
-            **{code: OpenApiResponse(ErrorSerializer) for code in (400, 404)},
+            **error_responses(400, 404),
         },
     )
     def patch(self, request: Request, conversation_id: uuid.UUID) -> Response:

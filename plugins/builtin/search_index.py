@@ -2,9 +2,9 @@
 
 A finished user or assistant message is embedded once (`search_index_message`, run by the
 Celery task `plugins.tasks.search_index_message` after the message's transaction commits;
-`search_index_schedule` queues it). A query first embeds, in one bounded batch, those of the
-caller's messages that are not indexed yet (`search_index_pending`), so search works before
-the task has caught up or where Celery is not running.
+`plugins.tasks.search_index_schedule` queues it). A query first embeds, in one bounded
+batch, those of the caller's messages that are not indexed yet (`search_index_pending`), so
+search works before the task has caught up or where Celery is not running.
 
 Every read is scoped twice to the caller: the index row's `user` and the conversation's
 owner must both be the caller, and the conversation must not be deleted.
@@ -21,7 +21,6 @@ from typing import Any
 
 import numpy as np
 from django.conf import settings
-from django.db import transaction
 from django.db.models import Exists, OuterRef, QuerySet
 
 from conversations.models import Message
@@ -87,17 +86,6 @@ def search_index_message(*, message_id: Any) -> bool:
         return True
     _store([message])
     return True
-
-
-def search_index_schedule(*, message_id: Any) -> None:
-    """Queue `search_index_message` for after the current transaction commits.
-
-    Robust: a broker outage must not fail the write that triggered it; the query indexes what
-    is missing anyway (`search_index_pending`).
-    """
-    from plugins.tasks import search_index_message as task
-
-    transaction.on_commit(lambda: task.delay(str(message_id)), robust=True)
 
 
 def search_index_pending(

@@ -8,13 +8,14 @@ from typing import Any
 import pytest
 
 from conversations.models import Message
-from conversations.services import conversation_delete
+from conversations.removal import conversation_remove
 from conversations.tests.factories import ConversationFactory, exchange
 from plugins.builtin import embeddings, search_index
 from plugins.builtin.conversation_search import plugin
 from plugins.models import MessageEmbedding
 from plugins.sdk import ToolContext, ToolError
 from plugins.tasks import search_index_message as index_task
+from plugins.tasks import search_index_schedule
 
 pytestmark = pytest.mark.django_db
 
@@ -103,7 +104,7 @@ def test_deleted_conversations_are_not_searched(user) -> None:
     kept, _, _ = chat(user, "Garden", "How often should I water tomato plants?", "Every two days.")
     gone, _, _ = chat(user, "Garden 2", "Tomato plants wilting in the heat?", "Water at dawn.")
     search_index.search_index_pending(user_id=user.pk)
-    conversation_delete(conversation=gone)
+    conversation_remove(conversation=gone)
 
     results = search(user, "watering tomatoes", limit=10)
     assert {r["conversation_id"] for r in results} == {str(kept.pk)}
@@ -152,7 +153,7 @@ def test_unfinished_answers_are_not_indexed(user) -> None:
 def test_the_celery_task_indexes_after_commit(user, django_capture_on_commit_callbacks) -> None:
     _, asked, _ = chat(user, "Task", "Indexed by the task", "Sure.")
     with django_capture_on_commit_callbacks() as callbacks:
-        search_index.search_index_schedule(message_id=asked.pk)
+        search_index_schedule(message_id=asked.pk)
     assert len(callbacks) == 1
     assert not MessageEmbedding.objects.exists(), "nothing happens before the commit"
     assert index_task.apply(args=(str(asked.pk),)).get() is True

@@ -8,7 +8,21 @@
 
 import { ApiError, generationStreamUrl, getGeneration } from "./api.js";
 
-const EVENTS = ["meta", "queue", "delta", "restart", "retract", "error", "done", "tool_start", "tool_result", "tool_error"];
+// The events of chatsite/stream_events.py, in its order (chatsite/tests/test_stream_events.py
+// holds this list to it).
+const EVENTS = [
+  "meta",
+  "queue",
+  "delta",
+  "restart",
+  "retract",
+  "tool_start",
+  "tool_result",
+  "tool_error",
+  "tool_calls",
+  "error",
+  "done",
+];
 const MAX_RETRIES = 6;
 
 /** Compare two stream entry ids ("<ms>-<seq>"): negative, zero or positive. */
@@ -176,6 +190,9 @@ export class GenerationStream {
         }
         break;
       }
+      case "tool_calls":
+        // Calls for an API client to run itself: an answer on the page never ends at them.
+        break;
       case "error":
         this.error = {
           code: String(data.code || "error"),

@@ -16,7 +16,7 @@ from django.conf import settings
 from django.contrib.auth.models import User
 from django.http import HttpRequest, HttpResponseBase
 
-from accounts.services import api_key_authenticate
+from accounts.authentication import api_key_user
 from billing.selectors import rate_limit_headers
 
 logger = logging.getLogger(__name__)
@@ -27,12 +27,7 @@ def _caller(request: HttpRequest) -> User | None:
     if isinstance(user, User) and user.is_authenticated:
         return user
     # Views that authenticate API keys themselves (the SSE stream) leave request.user unset.
-    scheme, _, raw_key = request.headers.get("Authorization", "").partition(" ")
-    if scheme.lower() == "bearer" and raw_key.strip():
-        key = api_key_authenticate(raw_key=raw_key.strip())
-        if key is not None:
-            return key.user
-    return None
+    return api_key_user(request)
 
 
 def _retry_after(response: HttpResponseBase) -> int | None:

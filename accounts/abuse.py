@@ -2,7 +2,8 @@
 
 django-ratelimit counts on the Redis cache; the rates are `settings.BILLING_ABUSE_RATES`,
 read on each request. A refusal is 429 with `Retry-After`: the JSON error shape for API
-clients, a short page for browsers.
+clients, a short page for browsers. Part of accepting a request (accounts' step), before any
+quota or plan is looked at.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
 from django.conf import settings
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import HttpRequest, HttpResponse
 from django.template.loader import render_to_string
 from django_ratelimit.core import get_usage
+
+from chatsite.errors import error_response
 
 from .errors import ErrorCode
 
@@ -29,19 +32,18 @@ def _refusal(request: Any, retry_after: int) -> HttpResponse:
     )
     if wants_page:
         html = render_to_string(
-            "billing/too_many_requests.html",
+            "accounts/too_many_requests.html",
             {"message": message, "retry_after": retry_after},
             request=request,
         )
         return HttpResponse(html, status=429, headers=headers)
-    body = {
-        "error": {
-            "code": ErrorCode.RATE_LIMITED.value,
-            "message": message,
-            "detail": {"retry_after": retry_after},
-        }
-    }
-    return JsonResponse(body, status=429, headers=headers)
+    return error_response(
+        429,
+        ErrorCode.RATE_LIMITED,
+        message,
+        detail={"retry_after": retry_after},
+        headers=headers,
+    )
 
 
 def abuse_retry_after(

@@ -1,0 +1,156 @@
+"""Server-Sent Events over Redis Streams: the response, the wire format and the tail loop.
+
+Every stream the edge serves is a Redis Stream read with XREAD: a generation's events
+(`inference/api/stream.py`), a user's events (`conversations/api/events.py`) and, turned into
+OpenAI's chunks, the streamed `/v1` answers (`conversations/openai_api/views.py`). An entry's
+id is its SSE `id:`, so a client that reconnects with `Last-Event-ID` gets exactly what it
+missed, then the live tail; any edge process serves any stream. While nothing happens for
+`STREAM_HEARTBEAT_SECONDS` a heartbeat comment goes out, so proxies keep the connection open.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import re
+from collections.abc import AsyncGenerator, AsyncIterator, Collection
+from dataclasses import dataclass
+from typing import Any, cast
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import connections
+from django.http import HttpRequest, StreamingHttpResponse
+from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
+
+from chatsite.redis import async_redis
+from chatsite.stream_events import TERMINAL_EVENTS
+
+logger = logging.getLogger(__name__)
+
+# A Redis Stream entry id, as clients send it back in Last-Event-ID.
+EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
+# Entries read per round trip: bounds what one connection holds in memory at a time.
+READ_BATCH = 64
+HEARTBEAT = b": heartbeat\n\n"
+# An entry without a name is a plain SSE message, as EventSource calls an unnamed event.
+UNNAMED = "message"
+
+
+class InvalidEventId(ValueError):
+    """The client's Last-Event-ID is not an entry id."""
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One entry of a Redis Stream: its id, its event name and its JSON payload as written."""
+
+    id: str
+    event: str
+    data: str
+
+    def payload(self) -> Any:
+        return json.loads(self.data)
+
+
+def sse_response(events: AsyncIterator[bytes]) -> StreamingHttpResponse:
+    """A `text/event-stream` response that no cache or proxy holds back."""
+    response = StreamingHttpResponse(events, content_type="text/event-stream")
+    response["Cache-Control"] = "no-cache"
+    response["X-Accel-Buffering"] = "no"
+    return response
+
+
+def format_event(entry_id: str, event: str, data: str) -> bytes:
+    """One SSE event; `data` is JSON, on one line."""
+    # `id:` goes last: a connection cut inside an event then leaves the client no id of an
+    # event it never got (some EventSource implementations keep a half-read event's id).
+    return f"event: {event}\ndata: {data}\nid: {entry_id}\n\n".encode()
+
+
+def retry_field() -> bytes:
+    """Tells EventSource how long to wait before it reconnects by itself."""
+    return f"retry: {settings.STREAM_RETRY_MS}\n\n".encode()
+
+
+def last_event_id(request: HttpRequest) -> str:
+    """The id of the last event the client holds: `Last-Event-ID` (EventSource's reconnect),
+    else `?last_event_id=` (a page that reopens the stream itself); "" if it sent neither.
+    Raises InvalidEventId for one that is not an entry id."""
+    given = request.headers.get("Last-Event-ID") or request.GET.get("last_event_id") or ""
+    if given and not EVENT_ID.match(given):
+        raise InvalidEventId(given)
+    return given
+
+
+def stream_redis() -> AsyncRedis:
+    """A client for one tailing response; close it with `aclose()` when the response ends."""
+    # The blocking read outlasts redis-py's default socket timeout unless told otherwise.
+    return async_redis(socket_timeout=settings.STREAM_HEARTBEAT_SECONDS + 10)
+
+
+async def read(
+    redis: AsyncRedis, stream: str, last_id: str, *, until: Collection[str] = TERMINAL_EVENTS
+) -> AsyncGenerator[Entry | None, None]:
+    """The entries of `stream` after `last_id`, then live, in order; None after each
+    heartbeat period in which nothing came. Ends after an event named in `until`. Redis errors
+    go to the caller."""
+    block_ms = settings.STREAM_HEARTBEAT_SECONDS * 1000
+    while True:
+        batches = cast(
+            list[tuple[str, list[tuple[str, dict[str, str]]]]],
+            await redis.xread({stream: last_id}, count=READ_BATCH, block=block_ms),
+        )
+        if not batches:
+            yield None
+            continue
+        for entry_id, fields in batches[0][1]:
+            last_id = entry_id
+            entry = Entry(entry_id, fields.get("event") or UNNAMED, fields.get("data") or "{}")
+            yield entry
+            if entry.event in until:
+                return
+
+
+class Tail:
+    """A Redis Stream relayed as SSE: the retry delay, then each entry after `last_id` as an
+    event with its entry id, heartbeats while idle.
+
+    `events()` ends after an event named in `until` (then `finished` is true), or when Redis
+    fails: the client reconnects with Last-Event-ID and loses nothing. The caller owns the
+    Redis client and closes it.
+    """
+
+    def __init__(
+        self,
+        redis: AsyncRedis,
+        stream: str,
+        last_id: str,
+        *,
+        until: Collection[str] = TERMINAL_EVENTS,
+    ) -> None:
+        self.redis = redis
+        self.stream = stream
+        self.last_id = last_id
+        self.until = until
+        self.finished = False
+
+    async def events(self) -> AsyncGenerator[bytes, None]:
+        # A stream may stay open for minutes or hours; the database connection that this
+        # request's thread opened (authentication, the lookup, middleware) must not.
+        await sync_to_async(connections.close_all)()
+        yield retry_field()
+        entries = read(self.redis, self.stream, self.last_id, until=self.until)
+        try:
+            async with contextlib.aclosing(entries):
+                async for entry in entries:
+                    if entry is None:
+                        yield HEARTBEAT
+                        continue
+                    self.last_id = entry.id
+                    yield format_event(entry.id, entry.event, entry.data)
+                    self.finished = entry.event in self.until
+        except RedisError:
+            logger.warning("%s: Redis failed; ending the response", self.stream, exc_info=True)

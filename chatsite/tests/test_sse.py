@@ -1,0 +1,131 @@
+"""The one SSE helper: headers, wire format, Last-Event-ID, and the tail over a Redis Stream."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from django.test import RequestFactory
+from redis.asyncio import Redis as AsyncRedis
+
+from chatsite import sse
+from chatsite.redis import async_redis
+from chatsite.stream_events import StreamEvent, entry_fields
+
+STREAM = "test:sse"
+
+
+@pytest.fixture
+def fast_heartbeat(settings: Any) -> None:
+    settings.STREAM_HEARTBEAT_SECONDS = 1
+    settings.STREAM_RETRY_MS = 1234
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[AsyncRedis]:
+    client = async_redis()
+    yield client
+    await client.aclose()
+
+
+async def _add(redis: AsyncRedis, event: StreamEvent, data: dict[str, Any]) -> str:
+    return str(await redis.xadd(STREAM, entry_fields(event, data)))
+
+
+async def _empty() -> AsyncIterator[bytes]:
+    yield b""
+
+
+def test_the_response_is_an_unbuffered_event_stream() -> None:
+    response = sse.sse_response(_empty())
+
+    assert response["Content-Type"] == "text/event-stream"
+    assert response["Cache-Control"] == "no-cache"
+    assert response["X-Accel-Buffering"] == "no"
+
+
+def test_an_events_id_comes_last() -> None:
+    assert sse.format_event("5-1", StreamEvent.DELTA, '{"text": "hi"}') == (
+        b'event: delta\ndata: {"text": "hi"}\nid: 5-1\n\n'
+    )
+
+
+@pytest.mark.parametrize(
+    ("headers", "query", "expected"),
+    [
+        ({}, "", ""),
+        ({"HTTP_LAST_EVENT_ID": "17-3"}, "", "17-3"),
+        ({}, "?last_event_id=17-4", "17-4"),
+        ({"HTTP_LAST_EVENT_ID": "17-3"}, "?last_event_id=17-4", "17-3"),  # the header wins
+    ],
+)
+def test_the_last_event_id(headers: dict[str, str], query: str, expected: str) -> None:
+    request = RequestFactory().get(f"/{query}", **headers)  # type: ignore[arg-type]
+
+    assert sse.last_event_id(request) == expected
+
+
+@pytest.mark.parametrize("given", ["x", "17", "17-", "-3", "1-2-3", "1" * 21 + "-0"])
+def test_a_last_event_id_that_is_no_entry_id_is_refused(given: str) -> None:
+    request = RequestFactory().get("/", HTTP_LAST_EVENT_ID=given)
+
+    with pytest.raises(sse.InvalidEventId):
+        sse.last_event_id(request)
+
+
+async def test_the_tail_relays_from_after_the_last_id_to_the_terminal_event(
+    redis: AsyncRedis, fast_heartbeat: None
+) -> None:
+    first = await _add(redis, StreamEvent.META, {"status": "queued"})
+    second = await _add(redis, StreamEvent.DELTA, {"text": "a"})
+    done = await _add(redis, StreamEvent.DONE, {"status": "complete"})
+    await _add(redis, StreamEvent.DELTA, {"text": "after the end"})
+    tail = sse.Tail(redis, STREAM, first)
+
+    chunks = [chunk async for chunk in tail.events()]
+
+    assert chunks == [
+        b"retry: 1234\n\n",
+        sse.format_event(second, "delta", '{"text": "a"}'),
+        sse.format_event(done, "done", '{"status": "complete"}'),
+    ]
+    assert tail.finished
+
+
+async def test_the_tail_beats_while_nothing_happens(
+    redis: AsyncRedis, fast_heartbeat: None
+) -> None:
+    tail = sse.Tail(redis, STREAM, "0-0")
+
+    async with contextlib.aclosing(tail.events()) as events:
+        assert await anext(events) == b"retry: 1234\n\n"
+        assert await anext(events) == sse.HEARTBEAT
+        entry_id = await _add(redis, StreamEvent.DELTA, {"text": "b"})
+        assert await anext(events) == sse.format_event(entry_id, "delta", '{"text": "b"}')
+
+    assert not tail.finished
+
+
+async def test_a_stream_without_a_terminal_event_goes_on(
+    redis: AsyncRedis, fast_heartbeat: None
+) -> None:
+    await _add(redis, StreamEvent.DONE, {})
+    entries = sse.read(redis, STREAM, "0-0", until=())
+
+    async with contextlib.aclosing(entries):
+        done = await anext(entries)
+        assert done is not None and done.event == "done" and done.payload() == {}
+        assert await anext(entries) is None  # a heartbeat period, not the end
+
+
+async def test_a_redis_failure_ends_the_response(fast_heartbeat: None) -> None:
+    broken = AsyncRedis.from_url("redis://127.0.0.1:1/0", decode_responses=True)
+    tail = sse.Tail(broken, STREAM, "0-0")
+
+    chunks = [chunk async for chunk in tail.events()]
+
+    assert chunks == [b"retry: 1234\n\n"]  # the client reconnects with Last-Event-ID
+    assert not tail.finished
+    await broken.aclose()

@@ -1,0 +1,224 @@
+"""Capacity: which workers can take one more generation, and the leases that say so.
+
+A replica keeps a `WorkerView` per worker (its row, its load as last measured). Room on a
+worker is a lease in `lease:<worker>` (a sorted set scored by expiry), taken by one Lua step
+so that replicas never overfill a worker, and renewed while the generation runs; the leases
+of a replica that dies lapse by themselves. Placement asks the configured policy
+(`placement.py`) with the facts read here: the loads, the conversation's sticky worker and
+the pool's round-robin turn.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from .. import queue, services
+from ..client import WorkerLoad
+from ..models import ModelPool, Worker
+from .placement import Candidate, PlacementPolicy, PlacementRequest, configured_policy
+
+logger = logging.getLogger(__name__)
+
+# Take a lease on a worker only while it has room; expired leases (a dead replica's) are
+# dropped first, so capacity heals by itself.
+ACQUIRE_LEASE = """
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
+  return 0
+end
+redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
+return 1
+"""
+
+
+@dataclass
+class WorkerView:
+    """What a replica knows of a worker: its row, and its load as last measured."""
+
+    id: int
+    name: str
+    pool: str
+    url: str
+    served_model: str
+    state: str
+    max_concurrency: int
+    load: WorkerLoad | None = None
+    leases: int = 0
+
+    def candidate(self) -> Candidate:
+        load = self.load or WorkerLoad()
+        return Candidate(
+            id=self.id,
+            leases=self.leases,
+            running=load.running,
+            waiting=load.waiting,
+            kv_cache_percent=load.kv_cache_percent,
+        )
+
+    def has_room(self) -> bool:
+        if self.state != Worker.State.HEALTHY or self.leases >= self.max_concurrency:
+            return False
+        if self.load is None:
+            return True
+        return (
+            self.load.waiting <= settings.SCHEDULER_MAX_WAITING_PER_WORKER
+            and self.load.kv_cache_percent < settings.SCHEDULER_KV_CACHE_HIGH_PERCENT
+        )
+
+
+class Capacity:
+    """This replica's workers, the leases it holds, and the placement of a generation."""
+
+    def __init__(self, redis: Any, policy: PlacementPolicy) -> None:
+        self.redis = redis
+        self.policy = policy
+        self.workers: dict[int, WorkerView] = {}
+        self.pools: list[str] = []
+        self.leases: dict[str, int] = {}  # generation id -> worker id
+
+    async def mark_down(self, view: WorkerView, error: str) -> None:
+        view.state = Worker.State.DOWN
+        known = self.workers.get(view.id)
+        if known is not None:
+            known.state = Worker.State.DOWN
+        await sync_to_async(services.worker_set_state)(
+            worker_id=view.id, state=Worker.State.DOWN, error=error
+        )
+        logger.warning("worker %s is down: %s", view.name, error)
+
+    async def candidates(self, pool: str, *, exclude: set[int] | None = None) -> list[WorkerView]:
+        """The pool's healthy workers that can take one more generation now."""
+        views = [
+            v
+            for v in self.workers.values()
+            if v.pool == pool and v.state == Worker.State.HEALTHY and v.id not in (exclude or ())
+        ]
+        if not views:
+            return []
+        async with self.redis.pipeline(transaction=False) as pipe:
+            now = queue.now_ms()
+            for view in views:
+                pipe.zcount(queue.lease_key(view.id), now, "+inf")
+            counts = await pipe.execute()
+        for view, count in zip(views, counts, strict=True):
+            view.leases = int(count)
+        return [v for v in views if v.has_room()]
+
+    async def place(self, job: queue.Job, views: list[WorkerView]) -> list[WorkerView]:
+        """`views` in the order the policy prefers for `job`."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.get(queue.affinity_key(job.conversation_id))
+            pipe.incr(queue.key("rr", job.pool))
+            sticky, turn = await pipe.execute()
+        request = PlacementRequest(
+            pool=job.pool,
+            conversation_id=job.conversation_id,
+            sticky_worker_id=_worker_id(sticky),
+            turn=int(turn),
+        )
+        by_id = {view.id: view for view in views}
+        return [by_id[c.id] for c in self.policy.order([v.candidate() for v in views], request)]
+
+    async def acquire(self, view: WorkerView, generation_id: str) -> bool:
+        now = queue.now_ms()
+        ok = await self.redis.eval(
+            ACQUIRE_LEASE,
+            1,
+            queue.lease_key(view.id),
+            str(now),
+            str(view.max_concurrency),
+            str(now + queue.LEASE_SECONDS * 1000),
+            generation_id,
+        )
+        if ok:
+            self.leases[generation_id] = view.id
+            view.leases += 1
+        return bool(ok)
+
+    async def release(self, generation_id: str) -> None:
+        worker_id = self.leases.pop(generation_id, None)
+        if worker_id is not None:
+            await self.redis.zrem(queue.lease_key(worker_id), generation_id)
+
+    async def renew(self) -> None:
+        """Push back the expiry of every lease this replica holds."""
+        expiry = queue.now_ms() + queue.LEASE_SECONDS * 1000
+        for generation_id, worker_id in list(self.leases.items()):
+            await self.redis.zadd(queue.lease_key(worker_id), {generation_id: expiry}, xx=True)
+
+
+def background_order(
+    *, pool: str, worker_ids: Sequence[int], conversation_id: Any = None
+) -> list[int]:
+    """`worker_ids` (healthy workers of `pool`) in the order the configured policy prefers
+    for a background completion, by the loads the schedulers last measured and stored."""
+    if not worker_ids:
+        return []
+    policy = configured_policy()
+    redis = queue.sync_redis()
+    try:
+        now = queue.now_ms()
+        pipe = redis.pipeline(transaction=False)
+        for worker_id in worker_ids:
+            pipe.hgetall(queue.metrics_key(worker_id))
+            pipe.zcount(queue.lease_key(worker_id), now, "+inf")
+        if conversation_id:
+            pipe.get(queue.affinity_key(conversation_id))
+        pipe.incr(queue.key("rr", pool))
+        measured = pipe.execute()
+    finally:
+        redis.close()
+    turn = measured.pop()
+    sticky = measured.pop() if conversation_id else None
+    candidates = [
+        Candidate(
+            id=worker_id,
+            leases=int(leases),
+            running=float(load.get("running", 0)),
+            waiting=float(load.get("waiting", 0)),
+            kv_cache_percent=float(load.get("kv_cache_percent", 0)),
+        )
+        for worker_id, load, leases in zip(worker_ids, measured[0::2], measured[1::2], strict=True)
+    ]
+    request = PlacementRequest(
+        pool=pool,
+        conversation_id=str(conversation_id) if conversation_id else None,
+        sticky_worker_id=_worker_id(sticky),
+        turn=int(turn),
+    )
+    return [c.id for c in policy.order(candidates, request)]
+
+
+def _worker_id(value: Any) -> int | None:
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def worker_rows() -> list[WorkerView]:
+    """A view of every worker of the active pools, as the database has them."""
+    close_old_connections()
+    return [
+        WorkerView(
+            id=w.id,
+            name=w.name,
+            pool=w.pool.name,
+            url=w.url.rstrip("/"),
+            served_model=w.pool.served_model,
+            state=w.state,
+            max_concurrency=w.max_concurrency,
+        )
+        for w in Worker.objects.filter(pool__is_active=True).select_related("pool")
+    ]
+
+
+def active_pool_names() -> list[str]:
+    return list(ModelPool.objects.filter(is_active=True).values_list("name", flat=True))

@@ -1,0 +1,132 @@
+"""Housekeeping, once a second: what keeps a replica's claims alive and the queues honest.
+
+Every replica beats its heartbeat (the sweeper spares the generations of live replicas),
+renews the leases it holds and cancels the generations it runs that were asked to stop or
+that nobody watches any more. The pool-wide chores are done by one replica at a time (a short
+Redis lock): reject what waited past the queue limit, tell the waiting their place in line,
+and now and then fail the generations of replicas that died.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from chatsite.stream_events import QueueData, StreamEvent
+
+from .. import queue, services
+from ..errors import ErrorCode
+from ..models import Generation
+from .capacity import Capacity, active_pool_names
+from .writer import StreamWriter
+
+logger = logging.getLogger(__name__)
+
+SWEEP_EVERY_SECONDS = 15
+REPLICA_TTL_SECONDS = 10
+
+
+class Housekeeping:
+    """The chores of one replica; `running` is the replica's own map of generation tasks."""
+
+    def __init__(
+        self,
+        *,
+        redis: Any,
+        replica_id: str,
+        capacity: Capacity,
+        writer: StreamWriter,
+        running: dict[str, asyncio.Task[None]],
+    ) -> None:
+        self.redis = redis
+        self.replica_id = replica_id
+        self.capacity = capacity
+        self.writer = writer
+        self.running = running
+        self._last_sweep = 0.0
+
+    async def heartbeat(self) -> None:
+        await self.redis.set(queue.key("replica", self.replica_id), "1", ex=REPLICA_TTL_SECONDS)
+
+    async def step(self) -> None:
+        await self.heartbeat()
+        await self.capacity.renew()
+        await self.cancel_abandoned()
+        # One replica at a time does the pool-wide chores.
+        if not await self.redis.set(queue.key("housekeeping"), self.replica_id, nx=True, px=900):
+            return
+        await self.reject_overdue()
+        await self.publish_positions()
+        loop = asyncio.get_running_loop()
+        if loop.time() - self._last_sweep >= SWEEP_EVERY_SECONDS:
+            self._last_sweep = loop.time()
+            await self.sweep()
+
+    async def cancel_abandoned(self) -> None:
+        """Cancel running generations that were asked to stop (a cancel whose pub/sub message
+        was missed) or whose watchers all left and stayed away past the grace period."""
+        cutoff = queue.now_ms() - settings.STREAM_GRACE_SECONDS * 1000
+        for generation_id, task in list(self.running.items()):
+            flags = await self.redis.hmget(queue.job_key(generation_id), "cancel", "detached_ms")
+            if flags[0]:
+                task.cancel()
+                continue
+            detached = flags[1]
+            if detached is None or int(detached) > cutoff:
+                continue
+            watchers = await self.redis.get(queue.key("watchers", generation_id))
+            if int(watchers or 0) <= 0:
+                logger.info("generation %s abandoned by its watchers; cancelling", generation_id)
+                task.cancel()
+
+    async def reject_overdue(self) -> None:
+        deadline = queue.now_ms() - settings.SCHEDULER_MAX_QUEUE_SECONDS * 1000
+        for pool in await sync_to_async(active_pool_names)():
+            for tier in queue.tiers_best_first():
+                ids = await self.redis.eval(
+                    queue.EXPIRE_QUEUED, 1, queue.queue_key(pool, tier), str(deadline)
+                )
+                for generation_id in ids:
+                    await sync_to_async(services.generation_finish)(
+                        generation_id=generation_id,
+                        status=Generation.Status.REJECTED,
+                        text="",
+                        finish_reason="rejected",
+                        error_code=ErrorCode.QUEUE_TIMEOUT,
+                        error_message=(
+                            "Demand is high and no model worker could take this answer in "
+                            f"{settings.SCHEDULER_MAX_QUEUE_SECONDS} s. Please try again."
+                        ),
+                    )
+
+    async def publish_positions(self) -> None:
+        """Tell each waiting generation its place in line, when it changes."""
+        for pool in await sync_to_async(active_pool_names)():
+            high_demand = not await self.capacity.candidates(pool)
+            position = 0
+            for tier in queue.tiers_best_first():
+                members = await self.redis.zrange(queue.queue_key(pool, tier), 0, 499)
+                for generation_id in map(str, members):
+                    position += 1
+                    job = queue.job_key(generation_id)
+                    marker = f"{position}:{int(high_demand)}"
+                    previous = await self.redis.hget(job, "position")
+                    if previous != marker:
+                        await self.redis.hset(job, "position", marker)
+                        await self.writer.event(
+                            generation_id,
+                            StreamEvent.QUEUE,
+                            QueueData(position=position, high_demand=high_demand),
+                        )
+
+    async def sweep(self) -> None:
+        await sync_to_async(close_old_connections)()
+        replicas = await sync_to_async(services.live_scheduler_replicas)()
+        swept = await sync_to_async(services.generation_sweep_stale)(live_replicas=replicas)
+        if swept:
+            logger.warning("swept %d stale generation(s)", swept)

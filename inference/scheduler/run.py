@@ -1,0 +1,405 @@
+"""One generation's run: its state, the attempt on a worker, the retry elsewhere, the finish.
+
+`Runs.serve` drives a `Run` from admission to its final state: stream the answer from the
+worker (coalesced onto the stream, checked by the output guard as it grows), run the tools
+the model calls and continue on the same worker, restart once on another worker after a
+fault, and write the final text to Postgres once, whatever happened.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.db import close_old_connections
+
+from chatsite.stream_events import DeltaData, MetaData, RestartData, StreamEvent
+
+from .. import hooks, queue, services
+from ..client import (
+    FaultCode,
+    OpenAICompatibleClient,
+    ToolCall,
+    ToolCallAssembler,
+    ToolsUnsupported,
+    WorkerFault,
+)
+from ..errors import ErrorCode
+from ..models import Generation
+from .capacity import Capacity, WorkerView
+from .guard import ContentBlocked, GuardWindow, OutputGuard
+from .tools import ToolLoop, sent_calls
+from .writer import Coalescer, StreamWriter
+
+logger = logging.getLogger(__name__)
+
+# Postgres may refuse us for a moment (restart, connection limit): keep the final text.
+FINISH_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)
+
+
+@dataclass
+class Run:
+    """One generation being served by this replica."""
+
+    job: queue.Job
+    worker: WorkerView
+    attempt: int = 1
+    text: str = ""
+    pending: str = ""
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    first_token_seen: bool = False
+    finished: bool = False
+    tried: set[int] = field(default_factory=set)
+    # The tool loop: the conversation with the rounds done so far, the calls being streamed,
+    # and the usage of the rounds done (`usage` includes it).
+    messages: list[dict[str, Any]] = field(default_factory=list)
+    tool_calls: ToolCallAssembler = field(default_factory=ToolCallAssembler)
+    # Output moderation: the rolling window's state and, once a check trips, its verdict.
+    moderation: GuardWindow | None = None
+    tool_rounds: int = 0
+    spent: dict[str, Any] = field(default_factory=dict)
+    announced_attempt: int = 0
+
+
+class Runs:
+    """Serves this replica's generations, one `Run` each."""
+
+    def __init__(
+        self,
+        *,
+        redis: Any,
+        client: OpenAICompatibleClient,
+        capacity: Capacity,
+        writer: StreamWriter,
+        guard: OutputGuard,
+        tools: ToolLoop,
+        no_tool_workers: set[int],
+    ) -> None:
+        self.redis = redis
+        self.client = client
+        self.capacity = capacity
+        self.writer = writer
+        self.guard = guard
+        self.tools = tools
+        # Workers that refused tools (started without a tool-call parser): answer without.
+        self.no_tool_workers = no_tool_workers
+        self._background: set[asyncio.Task[Any]] = set()
+
+    def new(self, job: queue.Job, worker: WorkerView) -> Run:
+        return Run(job=job, worker=worker, tried={worker.id}, moderation=self.guard.window())
+
+    async def serve(self, run: Run) -> None:
+        gid = run.job.generation_id
+        try:
+            if await self.redis.hget(queue.job_key(gid), "cancel"):
+                await self._finish(run, Generation.Status.CANCELLED, "cancelled")
+                return
+            while True:
+                try:
+                    await self._attempt(run)
+                except WorkerFault as fault:
+                    if isinstance(fault, ToolsUnsupported) and run.job.run_tools:
+                        # Offering our plugins is optional: answer on this worker without.
+                        logger.warning("worker %s serves without tools", run.worker.name)
+                        self.no_tool_workers.add(run.worker.id)
+                        continue
+                    if not await self._retry_elsewhere(run, fault):
+                        await self._finish(
+                            run,
+                            Generation.Status.FAILED,
+                            "error",
+                            error_code=fault.code,
+                            error_message=f"The model worker failed: {fault.message}",
+                        )
+                        return
+                else:
+                    # A forced call ends with `stop`, one the model chose with `tool_calls`;
+                    # a call cut off by `length` is not run.
+                    calls = run.tool_calls.calls() if run.finish_reason != "length" else []
+                    if calls and run.job.run_tools:
+                        if await self._tool_round(run, calls):
+                            continue
+                        run.finished = True  # finished elsewhere meanwhile (deleted, swept)
+                        return
+                    if calls:
+                        await self.tools.hand_to_client(generation_id=gid, calls=calls)
+                        run.finish_reason = "tool_calls"
+                    await self._finish(run, Generation.Status.COMPLETE, run.finish_reason or "stop")
+                    return
+        except ContentBlocked:
+            # `_finish` withdraws the text (retract) and ends it as `content_filter`.
+            await self._finish(run, Generation.Status.COMPLETE, services.CONTENT_FILTER)
+        except asyncio.CancelledError:
+            await asyncio.shield(self._finish(run, Generation.Status.CANCELLED, "cancelled"))
+            raise
+        except Exception as exc:
+            logger.exception("generation %s failed", gid)
+            await self._finish(
+                run,
+                Generation.Status.FAILED,
+                "error",
+                error_code=ErrorCode.GENERATION_FAILED,
+                error_message=f"The service failed while answering: {type(exc).__name__}",
+            )
+        finally:
+            if not run.finished:
+                # Disown it, so the sweeper fails it with the text its stream carried.
+                logger.error("generation %s left unfinished; handing it to the sweeper", gid)
+                with contextlib.suppress(Exception):
+                    await self.redis.hdel(queue.job_key(gid), "owner")
+            await self.capacity.release(gid)
+
+    async def _attempt(self, run: Run) -> None:
+        job, view = run.job, run.worker
+        if run.announced_attempt != run.attempt:
+            # Once per worker: a tool round continues on the same one without a new `meta`.
+            run.announced_attempt = run.attempt
+            await sync_to_async(services.generation_mark_running)(
+                generation_id=job.generation_id, worker_id=view.id, attempt=run.attempt
+            )
+            await self.redis.set(
+                queue.affinity_key(job.conversation_id),
+                view.id,
+                ex=settings.SCHEDULER_AFFINITY_TTL_SECONDS,
+            )
+            await self.writer.event(
+                job.generation_id,
+                StreamEvent.META,
+                MetaData(status="running", worker=view.name, attempt=run.attempt),
+            )
+        if not run.messages:
+            run.messages = list(job.messages)
+        # A forced call is the first round's; the rounds after it let the model choose.
+        tool_choice = job.tool_choice if not run.tool_rounds else None
+        if job.run_tools and run.tool_rounds >= settings.TOOL_LOOP_MAX_ROUNDS:
+            tool_choice = "none"  # past the cap the model must answer with what it has
+        round_suffix = f"r{run.tool_rounds}" if run.tool_rounds else ""
+        stream = self.client.stream_chat(
+            base_url=view.url,
+            model=view.served_model,
+            messages=run.messages,
+            # The answer's output budget covers every round.
+            max_tokens=max(1, job.max_tokens - int(run.spent.get("completion_tokens") or 0)),
+            priority=job.priority,
+            params=job.params,
+            request_id=f"{job.generation_id}-{run.attempt}{round_suffix}",
+            # Only our plugins are optional: a `/v1` client's tools are never dropped.
+            tools=None if job.run_tools and view.id in self.no_tool_workers else job.tools,
+            tool_choice=tool_choice,
+        )
+        coalescer = Coalescer(
+            lambda: self._flush(run),
+            interval=settings.SCHEDULER_COALESCE_MS / 1000,
+            # A trip found by the timer stops the answer at the loop's next flush.
+            late_errors=(ContentBlocked,),
+        )
+        try:
+            async for chunk in stream:
+                if chunk.usage:
+                    run.usage = _add_usage(run.spent, chunk.usage)
+                if chunk.finish_reason:
+                    run.finish_reason = chunk.finish_reason
+                if chunk.tool_calls:
+                    run.tool_calls.add(chunk.tool_calls)
+                if not chunk.text:
+                    continue
+                run.text += chunk.text
+                run.pending += chunk.text
+                if not run.first_token_seen:
+                    run.first_token_seen = True
+                    await self._first_token(job.generation_id)
+                await coalescer.pending()
+        finally:
+            coalescer.close()
+            await stream.aclose()  # type: ignore[attr-defined]
+        await self._flush(run)
+
+    async def _first_token(self, generation_id: str) -> None:
+        await self.redis.eval(
+            queue.HSET_IF_EXISTS, 1, queue.job_key(generation_id), "first_token_ms", queue.now_ms()
+        )
+        self._spawn(
+            sync_to_async(services.generation_mark_first_token)(generation_id=generation_id)
+        )
+
+    async def _tool_round(self, run: Run, calls: list[ToolCall]) -> bool:
+        """Run the calls the model paused on, write the round to the branch and extend the
+        conversation, so the next `_attempt` continues from the results on the same worker.
+        False if the generation ended meanwhile."""
+        gid = run.job.generation_id
+        await self._flush(run)
+        results = await self.tools.run_calls(
+            generation_id=gid,
+            user_id=run.job.user_id,
+            conversation_id=run.job.conversation_id,
+            calls=calls,
+        )
+        sent = sent_calls(calls)
+        written = await sync_to_async(services.generation_add_tool_round)(
+            generation_id=gid, text=run.text, tool_calls=sent, results=results
+        )
+        if not written:
+            return False
+        run.messages = [
+            *run.messages,
+            {"role": "assistant", "content": run.text, "tool_calls": sent},
+            *(
+                {"role": "tool", "tool_call_id": r["tool_call_id"], "content": r["content"]}
+                for r in results
+            ),
+        ]
+        run.tool_rounds += 1
+        run.spent = dict(run.usage or run.spent)
+        run.text = ""
+        run.finish_reason = None
+        run.tool_calls = ToolCallAssembler()
+        return True
+
+    async def _flush(self, run: Run) -> None:
+        """Send the pending text, then check the output's newest window; ContentBlocked
+        once a check has tripped (nothing more goes out)."""
+        if run.moderation is not None and run.moderation.blocked is not None:
+            raise ContentBlocked
+        if run.pending:
+            text, run.pending = run.pending, ""
+            await self.writer.event(run.job.generation_id, StreamEvent.DELTA, DeltaData(text=text))
+        if await self._moderate(run):
+            raise ContentBlocked
+
+    async def _moderate(self, run: Run, *, final: bool = False) -> bool:
+        """Check the newest window of the answer (at the end, `final`: all of it) off the
+        event loop; True if the answer must be withdrawn."""
+        window = run.moderation
+        if window is None:
+            return False
+        if window.blocked is not None:
+            return True
+        text = run.text
+        excerpt = ("" if window.covered(text) else text) if final else (window.due(text) or "")
+        if not excerpt.strip():
+            return False
+        verdict = await self.guard.check(excerpt)
+        return window.record(verdict, excerpt, end=len(text))
+
+    async def _retry_elsewhere(self, run: Run, fault: WorkerFault) -> bool:
+        """Restart once on another worker after a fault; False if that is not possible."""
+        gid = run.job.generation_id
+        logger.warning("generation %s: worker %s failed: %s", gid, run.worker.name, fault.message)
+        await self.capacity.release(gid)
+        if fault.code == FaultCode.WORKER_UNREACHABLE:
+            await self.capacity.mark_down(run.worker, fault.message)
+        if run.attempt >= settings.GENERATION_MAX_ATTEMPTS:
+            return False
+        others = await self.capacity.candidates(run.job.pool, exclude=run.tried)
+        for view in await self.capacity.place(run.job, others):
+            if await self.capacity.acquire(view, gid):
+                run.worker = view
+                run.tried.add(view.id)
+                run.attempt += 1
+                run.text = run.pending = ""
+                run.usage = run.finish_reason = None
+                run.tool_calls = ToolCallAssembler()
+                await self.writer.event(
+                    gid, StreamEvent.RESTART, RestartData(reason=fault.code, attempt=run.attempt)
+                )
+                return True
+        return False
+
+    async def _finish(
+        self,
+        run: Run,
+        status: str,
+        finish_reason: str,
+        error_code: str = "",
+        error_message: str = "",
+    ) -> None:
+        window = run.moderation
+        if window is not None and window.blocked is None:
+            with contextlib.suppress(ContentBlocked):
+                await self._flush(run)
+            if run.text:
+                await self._moderate(run, final=True)
+        if window is not None and window.blocked is not None:
+            # Withdrawn: clients replace the text with a notice, the stream forgets it, and
+            # the message keeps it for staff only (`blocked`). Charged as produced.
+            status, finish_reason = Generation.Status.COMPLETE, services.CONTENT_FILTER
+            error_code = error_message = ""
+            await self.writer.retract(
+                run.job.generation_id, self.guard.retract_payload(window.blocked)
+            )
+        elif window is None:
+            await self._flush(run)
+        usage = run.usage or {}
+        if not usage and run.first_token_seen:
+            # The worker read the whole prompt before its first token; charge our count of it.
+            usage = {"prompt_tokens": run.job.prompt_tokens}
+        details = usage.get("prompt_tokens_details") or {}
+        for delay in FINISH_RETRY_DELAYS:
+            try:
+                await sync_to_async(services.generation_finish)(
+                    generation_id=run.job.generation_id,
+                    status=status,
+                    text=run.text,
+                    finish_reason=finish_reason,
+                    prompt_tokens=usage.get("prompt_tokens"),
+                    output_tokens=usage.get("completion_tokens"),
+                    cached_tokens=details.get("cached_tokens"),
+                    error_code=error_code,
+                    error_message=error_message,
+                )
+            except Exception:
+                logger.exception(
+                    "could not record the end of generation %s; retrying in %s s",
+                    run.job.generation_id,
+                    delay,
+                )
+                await asyncio.sleep(delay)
+                await sync_to_async(close_old_connections)()
+            else:
+                run.finished = True
+                await self._flag_output(run)
+                return
+
+    async def _flag_output(self, run: Run) -> None:
+        """Report a withdrawn answer, or one a check asked staff to review."""
+        window = run.moderation
+        if window is None:
+            return
+        retracted = window.blocked is not None
+        verdict = window.blocked or window.review
+        if verdict is None:
+            return
+        try:
+            await sync_to_async(hooks.get_hooks().generation_output_flagged)(
+                generation_id=run.job.generation_id,
+                excerpt=window.blocked_excerpt if retracted else window.review_excerpt,
+                verdict=verdict,
+                retracted=retracted,
+            )
+        except Exception:
+            logger.exception("could not flag generation %s", run.job.generation_id)
+
+    def _spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        task = asyncio.ensure_future(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+
+def _add_usage(spent: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:
+    """`usage` of this round plus that of the tool rounds before it, for one bill."""
+    if not spent:
+        return usage
+    total = dict(usage)
+    for name in ("prompt_tokens", "completion_tokens", "total_tokens"):
+        total[name] = int(spent.get(name) or 0) + int(usage.get(name) or 0)
+    cached = int((spent.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    cached += int((usage.get("prompt_tokens_details") or {}).get("cached_tokens") or 0)
+    total["prompt_tokens_details"] = {"cached_tokens": cached}
+    return total

@@ -1,0 +1,276 @@
+"""The scheduler service: one replica's lifecycle and its loops.
+
+One asyncio process (`python manage.py run_scheduler`); any number of replicas share the
+queues. A replica claims a generation with an atomic pop (so none is served twice), places it
+on a worker with room (`capacity.py`, by the policy of `placement.py`), and serves it
+(`run.py`). Loops, each a task:
+
+- health:       polls every worker's /health and /metrics; marks workers up and down
+- dispatch:     claims and places generations while some worker has room
+- listen:       pub/sub for new work and for cancels of running generations
+- housekeeping: heartbeat, lease renewal, queue time limit, queue positions, stale sweep
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import socket
+import uuid
+from collections.abc import Awaitable, Callable
+
+from asgiref.sync import sync_to_async
+from django.conf import settings
+
+from .. import queue, services
+from ..client import OpenAICompatibleClient, WorkerLoad, get_client
+from ..models import Worker
+from .capacity import Capacity, WorkerView, worker_rows
+from .guard import configured_guard
+from .housekeeping import Housekeeping
+from .placement import configured_policy
+from .run import Run, Runs
+from .tools import ToolLoop, configured_runner
+from .writer import StreamWriter
+
+logger = logging.getLogger(__name__)
+
+
+class Scheduler:
+    """A scheduler replica. `await run()` until `stop()`."""
+
+    def __init__(
+        self,
+        *,
+        replica_id: str | None = None,
+        client: OpenAICompatibleClient | None = None,
+        health_interval: float | None = None,
+    ) -> None:
+        self.replica_id = (
+            replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        )
+        self.client = client or get_client()
+        self.redis = queue.async_redis()
+        self.health_interval = (
+            health_interval
+            if health_interval is not None
+            else settings.SCHEDULER_HEALTH_INTERVAL_MS / 1000
+        )
+        self.running: dict[str, asyncio.Task[None]] = {}
+        # Workers that refused tools (started without a tool-call parser): answer without.
+        self.no_tool_workers: set[int] = set()
+        self.capacity = Capacity(self.redis, configured_policy())
+        self.writer = StreamWriter(self.redis)
+        self.tools = ToolLoop(configured_runner(), self.writer)
+        self.runs = Runs(
+            redis=self.redis,
+            client=self.client,
+            capacity=self.capacity,
+            writer=self.writer,
+            guard=configured_guard(),
+            tools=self.tools,
+            no_tool_workers=self.no_tool_workers,
+        )
+        self.housekeeping = Housekeeping(
+            redis=self.redis,
+            replica_id=self.replica_id,
+            capacity=self.capacity,
+            writer=self.writer,
+            running=self.running,
+        )
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+
+    @property
+    def workers(self) -> dict[int, WorkerView]:
+        """The workers this replica knows, by id, with their last measured load."""
+        return self.capacity.workers
+
+    # Lifecycle
+
+    async def run(self) -> None:
+        await sync_to_async(services.workers_sync_from_settings)()
+        await self.housekeeping.heartbeat()
+        await self.check_workers()
+        loops = [
+            asyncio.create_task(
+                self._loop(self.check_workers, self.health_interval), name="health"
+            ),
+            asyncio.create_task(self.dispatch_loop(), name="dispatch"),
+            asyncio.create_task(self.listen_loop(), name="listen"),
+            asyncio.create_task(self._loop(self.housekeeping.step, 1.0), name="housekeeping"),
+        ]
+        logger.info(
+            "scheduler %s started with %d worker(s)", self.replica_id, len(self.capacity.workers)
+        )
+        try:
+            await self._stopping.wait()
+        finally:
+            for task in loops:
+                task.cancel()
+            await asyncio.gather(*loops, return_exceptions=True)
+            await self._drain()
+            await self.redis.delete(queue.key("replica", self.replica_id))
+            await self.redis.aclose()
+            await self.client.aclose()
+            self.tools.shutdown()
+            logger.info("scheduler %s stopped", self.replica_id)
+
+    def stop(self) -> None:
+        self._stopping.set()
+        self._wake.set()
+
+    async def _drain(self) -> None:
+        """Let running answers finish for a while, then cancel what is left."""
+        if self.running:
+            _, pending = await asyncio.wait(list(self.running.values()), timeout=30)
+            for task in pending:
+                task.cancel()
+            await asyncio.gather(*pending, return_exceptions=True)
+
+    async def _loop(self, step: Callable[[], Awaitable[None]], interval: float) -> None:
+        while not self._stopping.is_set():
+            try:
+                await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("scheduler loop %s failed; retrying", step.__name__)
+            await asyncio.sleep(interval)
+
+    # Health
+
+    async def check_workers(self) -> None:
+        """Refresh the worker list from the database and measure each worker's load."""
+        views = {row.id: row for row in await sync_to_async(worker_rows)()}
+        for view in views.values():
+            known = self.capacity.workers.get(view.id)
+            if known is not None:
+                view.load = known.load
+        results = await asyncio.gather(
+            *(self.client.health(view.url) for view in views.values()), return_exceptions=True
+        )
+        became_healthy = False
+        for view, result in zip(views.values(), results, strict=True):
+            if isinstance(result, WorkerLoad):
+                view.load = result
+                await self._store_metrics(view.id, result)
+                if view.state == Worker.State.DOWN:
+                    changed = await sync_to_async(services.worker_set_state)(
+                        worker_id=view.id, state=Worker.State.HEALTHY
+                    )
+                    view.state = Worker.State.HEALTHY
+                    became_healthy = became_healthy or changed
+                    logger.info("worker %s is up", view.name)
+            else:
+                view.load = None
+                if view.state == Worker.State.HEALTHY:
+                    await self.capacity.mark_down(view, str(result))
+        self.capacity.workers = views
+        self.capacity.pools = sorted({view.pool for view in views.values()})
+        if became_healthy:
+            self._wake.set()
+
+    async def _store_metrics(self, worker_id: int, load: WorkerLoad) -> None:
+        """The reading, for background completions' placement and the admin."""
+        await self.redis.hset(
+            queue.metrics_key(worker_id),
+            mapping={
+                "running": load.running,
+                "waiting": load.waiting,
+                "kv_cache_percent": load.kv_cache_percent,
+                "prefix_cache_queries": load.prefix_cache_queries,
+                "prefix_cache_hits": load.prefix_cache_hits,
+                "measured_ms": queue.now_ms(),
+            },
+        )
+        await self.redis.expire(queue.metrics_key(worker_id), 30)
+
+    # Dispatch
+
+    async def dispatch_loop(self) -> None:
+        while not self._stopping.is_set():
+            try:
+                dispatched = await self.dispatch_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("dispatch failed; retrying")
+                dispatched = False
+            if not dispatched:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), timeout=0.25)
+
+    async def dispatch_once(self) -> bool:
+        """Admit at most one generation per pool; True if any was admitted."""
+        dispatched = False
+        for pool in self.capacity.pools:
+            candidates = await self.capacity.candidates(pool)
+            if not candidates:
+                continue
+            claimed = await self.redis.eval(
+                queue.CLAIM,
+                len(queue.tiers_best_first()),
+                *(queue.queue_key(pool, tier) for tier in queue.tiers_best_first()),
+                queue.job_key(""),
+                self.replica_id,
+                str(queue.now_ms()),
+            )
+            if not claimed:
+                continue
+            generation_id, queue_name = claimed
+            fields = await self.redis.hgetall(queue.job_key(generation_id))
+            job = queue.Job.from_fields({str(k): str(v) for k, v in fields.items()})
+            for view in await self.capacity.place(job, candidates):
+                if await self.capacity.acquire(view, generation_id):
+                    run = self.runs.new(job, view)
+                    task = asyncio.create_task(self._serve(run), name=f"gen-{generation_id}")
+                    self.running[generation_id] = task
+                    dispatched = True
+                    break
+            else:
+                # Every candidate filled up meanwhile (another replica): back in line, same place.
+                await self.redis.zadd(queue_name, {generation_id: job.enqueued_ms})
+                await self.redis.hdel(queue.job_key(generation_id), "owner")
+        return dispatched
+
+    async def _serve(self, run: Run) -> None:
+        try:
+            await self.runs.serve(run)
+        finally:
+            self.running.pop(run.job.generation_id, None)
+            self._wake.set()
+
+    # Messages from other processes
+
+    async def listen_loop(self) -> None:
+        """Pub/sub for new work and cancels; reconnects after a Redis failure. A cancel sent
+        while no replica listened is still found by housekeeping (the job's cancel flag)."""
+        while not self._stopping.is_set():
+            try:
+                await self._listen()
+            except asyncio.CancelledError:
+                raise
+            except Exception:
+                logger.exception("listening for wake-ups and cancels failed; reconnecting")
+                await asyncio.sleep(1.0)
+
+    async def _listen(self) -> None:
+        pubsub = self.redis.pubsub()
+        await pubsub.subscribe(queue.wake_channel(), queue.cancel_channel())
+        try:
+            while not self._stopping.is_set():
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                if message is None:
+                    continue
+                if message["channel"] == queue.wake_channel():
+                    self._wake.set()
+                elif message["channel"] == queue.cancel_channel():
+                    task = self.running.get(message["data"])
+                    if task is not None:
+                        task.cancel()
+        finally:
+            await pubsub.aclose()

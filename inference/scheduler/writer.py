@@ -1,0 +1,102 @@
+"""The stream writer: a generation's events into its Redis Stream, typed and coalesced.
+
+Every event is one of `chatsite.stream_events` and goes out as one `XADD` (the entry id is the
+SSE id). Tokens are not sent one by one: a `Coalescer` gathers them into an event about every
+`SCHEDULER_COALESCE_MS`. A withdrawn answer is retracted in one Lua step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from chatsite.stream_events import RetractData, StreamEvent, entry_fields
+
+from .. import queue
+
+# The retract event, then every delta dropped: atomic, so no reader sees one without the other
+# and a client that re-attaches never gets the withdrawn text back.
+RETRACT = """
+local id = redis.call('XADD', KEYS[1], '*', 'event', ARGV[2], 'data', ARGV[1])
+local entries = redis.call('XRANGE', KEYS[1], '-', id)
+for _, entry in ipairs(entries) do
+  local fields = entry[2]
+  for i = 1, #fields, 2 do
+    if fields[i] == 'event' and fields[i + 1] == ARGV[3] then
+      redis.call('XDEL', KEYS[1], entry[1])
+    end
+  end
+end
+return id
+"""
+
+
+class StreamWriter:
+    """Appends events to generations' streams."""
+
+    def __init__(self, redis: Any) -> None:
+        self.redis = redis
+
+    async def event(
+        self, generation_id: str, event: StreamEvent, data: Mapping[str, object]
+    ) -> None:
+        await self.redis.xadd(queue.stream_key(generation_id), entry_fields(event, data))
+
+    async def retract(self, generation_id: str, payload: RetractData) -> str:
+        """Tell every client to replace the text with a notice, and drop it from the stream."""
+        return str(
+            await self.redis.eval(
+                RETRACT,
+                1,
+                queue.stream_key(generation_id),
+                json.dumps(payload),
+                StreamEvent.RETRACT.value,
+                StreamEvent.DELTA.value,
+            )
+        )
+
+
+class Coalescer:
+    """When to send the text that has piled up: a piece that arrives after a quiet
+    `interval` goes out at once; the pieces of a burst go out together once it is up.
+
+    `flush` sends what is pending. A flush made later by the timer is nobody's to fail:
+    the `late_errors` it raises are dropped (the next flush finds their cause again).
+    """
+
+    def __init__(
+        self,
+        flush: Callable[[], Awaitable[None]],
+        *,
+        interval: float,
+        late_errors: tuple[type[Exception], ...] = (),
+    ) -> None:
+        self._flush = flush
+        self.interval = interval
+        self._late_errors = late_errors
+        self._last = 0.0
+        self._timer: asyncio.Task[None] | None = None
+
+    async def pending(self) -> None:
+        """New text is waiting: flush it now, or have the timer flush it when due."""
+        now = asyncio.get_running_loop().time()
+        if now - self._last >= self.interval:
+            self.close()
+            await self._flush()
+            self._last = now
+        elif self._timer is None or self._timer.done():
+            self._timer = asyncio.create_task(self._later(self.interval - (now - self._last)))
+
+    async def _later(self, delay: float) -> None:
+        await asyncio.sleep(delay)
+        with contextlib.suppress(*self._late_errors):
+            await self._flush()
+
+    def close(self) -> None:
+        """Forget the timer's flush, if one is waiting."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
