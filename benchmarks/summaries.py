@@ -43,6 +43,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from chatsite.redis import sync_redis
+
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from benchmarks.common import django_start, percentile, prepare_stores, render
 
@@ -154,7 +156,7 @@ def play(args: argparse.Namespace, *, summaries: bool) -> Mode:
     )
     mode = Mode("with summaries" if summaries else "without summaries")
     original = _count_summary_calls(mode)
-    redis = queue.sync_redis()
+    redis = sync_redis()
     started = time.monotonic()
     try:
         for index in range(args.turns):

@@ -21,6 +21,7 @@ from django.db.models import ProtectedError, RestrictedError
 from django.utils import timezone
 
 from billing.services import reservation_release
+from chatsite.redis import sync_redis
 from chatsite.stream_events import StreamEvent
 from inference import queue
 from inference.models import Generation
@@ -118,7 +119,7 @@ def conversation_forget_redis(
         if generation_id not in in_flight_ids:
             # A watcher of one in flight still counts itself out of this key (it expires).
             keys.append(queue.key("watchers", generation_id))
-    redis = queue.sync_redis()
+    redis = sync_redis()
     try:
         redis.delete(*keys)
         for generation_id in in_flight_ids:

@@ -17,6 +17,7 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 
+from chatsite.redis import sync_redis
 from inference import queue
 from inference.tokens import pool_tokenizer
 
@@ -182,7 +183,7 @@ def branch_summarise(
 
 def summary_release(*, conversation_id: Any) -> None:
     """Let the next overflow of this conversation ask for a summary again."""
-    redis = queue.sync_redis()
+    redis = sync_redis()
     try:
         redis.delete(summary_pending_key(conversation_id))
     finally:

@@ -15,7 +15,7 @@ from celery import shared_task
 from django.db import InterfaceError, OperationalError, transaction
 from redis.exceptions import RedisError
 
-from inference import queue
+from chatsite.redis import sync_redis
 from inference.client import WorkerFault
 
 from . import retention, summaries, titles
@@ -86,7 +86,7 @@ def summary_request_if_needed(
     conversation_id, leaf_id = str(conversation.pk), str(leaf.pk)
 
     def _enqueue() -> None:
-        redis = queue.sync_redis()
+        redis = sync_redis()
         try:
             claimed = redis.set(
                 summaries.summary_pending_key(conversation_id),

@@ -7,6 +7,7 @@ from typing import Any
 from django.contrib.auth.models import User
 
 from chatsite.errors import NotFound
+from chatsite.redis import sync_redis
 
 from . import queue
 from .models import Generation
@@ -32,7 +33,7 @@ def generation_ids_for_messages(*, message_ids: list[Any]) -> dict[Any, Any]:
 
 def worker_live_load(*, worker_id: int) -> dict[str, float]:
     """The worker's last load reading and in-flight count, as the schedulers see them."""
-    redis = queue.sync_redis()
+    redis = sync_redis()
     reading = redis.hgetall(queue.metrics_key(worker_id))
     load = {str(name): float(value) for name, value in reading.items()}
     load["in_flight"] = float(redis.zcount(queue.lease_key(worker_id), queue.now_ms(), "+inf"))

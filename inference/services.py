@@ -25,6 +25,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 
 from chatsite.errors import ServiceError
+from chatsite.redis import sync_redis
 from chatsite.stream_events import StreamEvent
 
 from . import queue
@@ -110,7 +111,7 @@ def generation_enqueue(*, generation: Generation, request: GenerationRequest) ->
     )
 
     def _enqueue() -> None:
-        redis = queue.sync_redis()
+        redis = sync_redis()
         queue.append_event(
             redis,
             job.generation_id,
@@ -135,7 +136,7 @@ def generation_cancel(*, generation: Generation) -> Generation:
     """
     if generation.is_final:
         return generation
-    redis = queue.sync_redis()
+    redis = sync_redis()
     removed = queue.unqueue(
         redis, pool=generation.pool.name, tier=generation.tier, generation_id=str(generation.id)
     )
@@ -156,7 +157,7 @@ def generations_abandon(*, generations: list[Generation]) -> None:
     """Stop generations whose rows are going (their conversation is being removed): out of
     the queue, or their worker request closed by the scheduler. The caller drops their
     streams."""
-    redis = queue.sync_redis()
+    redis = sync_redis()
     for generation in generations:
         gid = str(generation.id)
         queue.unqueue(redis, pool=generation.pool.name, tier=generation.tier, generation_id=gid)
@@ -199,7 +200,7 @@ def generation_finish(
         if generation is None:
             if not Generation.objects.filter(pk=generation_id).exists():
                 # Its conversation was deleted meanwhile: leave nothing behind in Redis.
-                redis = queue.sync_redis()
+                redis = sync_redis()
                 redis.delete(queue.stream_key(generation_id), queue.job_key(generation_id))
             return False
         if output_tokens is None and text:
@@ -236,7 +237,7 @@ def generation_finish(
         hooks.generation_finishing(generation=generation, outcome=outcome)
 
     hooks.generation_finished(generation=generation, outcome=outcome)
-    redis = queue.sync_redis()
+    redis = sync_redis()
     gid = str(generation_id)
     if status in (Generation.Status.FAILED, Generation.Status.REJECTED):
         queue.append_event(
@@ -340,7 +341,7 @@ def workers_sync_from_settings() -> list[Worker]:
 
 def live_scheduler_replicas() -> set[str]:
     """Ids of the scheduler replicas whose heartbeat is current."""
-    redis = queue.sync_redis()
+    redis = sync_redis()
     prefix = queue.key("replica", "")
     return {str(name)[len(prefix) :] for name in redis.scan_iter(match=prefix + "*")}
 
@@ -352,7 +353,7 @@ def generation_sweep_stale(*, live_replicas: set[str], grace_seconds: int = 60) 
     no longer beats, and it is older than `grace_seconds` (a job between commit and enqueue
     is not stale).
     """
-    redis = queue.sync_redis()
+    redis = sync_redis()
     cutoff = timezone.now() - timedelta(seconds=grace_seconds)
     failed = 0
     candidates = Generation.objects.exclude(status__in=Generation.FINAL_STATUSES).filter(

@@ -13,6 +13,7 @@ from typing import Any
 
 from django.conf import settings
 
+from chatsite.redis import sync_redis
 from conversations.models import Conversation
 from conversations.removal import conversation_remove
 from inference import queue
@@ -27,7 +28,7 @@ def _key() -> str:
 
 def unkept_remember(*, conversation_id: Any) -> None:
     """List a conversation to be removed once answered."""
-    queue.sync_redis().zadd(_key(), {str(conversation_id): queue.now_ms()})
+    sync_redis().zadd(_key(), {str(conversation_id): queue.now_ms()})
 
 
 def unkept_discard(*, conversation_id: Any) -> bool:
@@ -43,7 +44,7 @@ def unkept_discard(*, conversation_id: Any) -> bool:
         if in_flight:
             return False
         conversation_remove(conversation=conversation, keep_tombstone=False)
-    queue.sync_redis().zrem(_key(), str(conversation_id))
+    sync_redis().zrem(_key(), str(conversation_id))
     return True
 
 
@@ -54,7 +55,7 @@ def unkept_sweep(*, older_than_seconds: int | None = None) -> int:
         older_than_seconds = settings.OPENAI_API_UNKEPT_SWEEP_AFTER_SECONDS
     cutoff = queue.now_ms() - older_than_seconds * 1000
     removed = 0
-    for conversation_id in queue.sync_redis().zrangebyscore(_key(), "-inf", cutoff, 0, 1000):
+    for conversation_id in sync_redis().zrangebyscore(_key(), "-inf", cutoff, 0, 1000):
         try:
             removed += unkept_discard(conversation_id=conversation_id)
         except Exception:

@@ -12,6 +12,7 @@ from django.test import Client
 from accounts.tests.factories import UserFactory
 from billing import quota
 from billing.tests.factories import subscribe
+from chatsite.redis import async_redis, sync_redis
 from conversations.events import user_events_key
 from conversations.models import Conversation
 from inference import queue
@@ -34,7 +35,7 @@ def _staff_client() -> Client:
 
 
 def _redis_names_with(marker: str) -> list[str]:
-    return [str(name) for name in queue.sync_redis().scan_iter() if marker in str(name)]
+    return [str(name) for name in sync_redis().scan_iter() if marker in str(name)]
 
 
 async def test_deleting_in_admin_while_the_answer_streams_stops_it_and_frees_everything(
@@ -68,7 +69,7 @@ async def test_deleting_in_admin_while_the_answer_streams_stops_it_and_frees_eve
         await wait_for(worker_aborted, within=5)
 
         async def scheduler_let_go() -> bool:
-            return not await queue.async_redis().exists(queue.job_key(gid))
+            return not await async_redis().exists(queue.job_key(gid))
 
         await wait_for(scheduler_let_go, within=5)
 
@@ -88,5 +89,5 @@ async def test_deleting_in_admin_while_the_answer_streams_stops_it_and_frees_eve
             await sync_to_async(stream_events)(gid)
         )
     # The owner's open pages are told.
-    entries: Any = queue.sync_redis().xrange(user_events_key(user.pk))
+    entries: Any = sync_redis().xrange(user_events_key(user.pk))
     assert [fields["event"] for _, fields in entries] == ["deleted"]

@@ -8,6 +8,7 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from chatsite.redis import sync_redis
 from chatsite.testing import assert_error
 from conversations.models import Conversation, Message
 from inference import queue
@@ -122,7 +123,7 @@ def test_send_answers_the_message_the_placeholder_and_the_leaf(
         "stream_url": f"/api/v1/generations/{generation.id}/stream",
         "cancel_url": f"/api/v1/generations/{generation.id}/cancel",
     }
-    redis = queue.sync_redis()
+    redis = sync_redis()
     assert redis.zscore(queue.queue_key(generation.pool.name, generation.tier), str(generation.id))
     assert redis.hget(queue.job_key(generation.id), "messages")
 

@@ -22,6 +22,7 @@ from billing.selectors import default_plan
 from billing.tests.factories import subscribe
 from chatsite.beat import SeedOnceDatabaseScheduler
 from chatsite.celery import app
+from chatsite.redis import sync_redis
 from conversations.events import user_event_publish, user_events_key
 from conversations.models import BranchSummary, Conversation, Message
 from conversations.removal import conversation_remove
@@ -82,7 +83,7 @@ def test_deleting_a_conversation_leaves_nothing_behind_but_usage(user: User) -> 
         model_name="test",
         vector=b"\0" * 16,
     )
-    redis = queue.sync_redis()
+    redis = sync_redis()
     redis.set(queue.affinity_key(conversation.pk), "1")
     in_flight = turn_send(user=user, conversation=conversation, content="Still answering?")
     message_ids = list(

@@ -14,6 +14,7 @@ import pytest
 from django.contrib.auth.models import User
 
 from billing.tests.factories import subscribe
+from chatsite.redis import sync_redis
 from conversations.context import assemble_context, load_tokenizer, summary_note
 from conversations.models import BranchSummary, Conversation, Message
 from conversations.selectors import active_branch
@@ -66,7 +67,7 @@ def small_window(settings: Any, default_pool: ModelPool, fake_workers: Any) -> F
 
 
 def _job_messages(turn: Turn) -> list[dict[str, Any]]:
-    raw = queue.sync_redis().hget(queue.job_key(turn.generation.id), "messages")
+    raw = sync_redis().hget(queue.job_key(turn.generation.id), "messages")
     assert raw is not None, "the generation was not queued"
     return list(json.loads(str(raw)))
 
@@ -74,7 +75,7 @@ def _job_messages(turn: Turn) -> list[dict[str, Any]]:
 def _turn(user: User, conversation: Conversation, index: int) -> Turn:
     """An answered turn; `prompts` keeps what its generation was queued with."""
     turn = turn_send(user=user, conversation=conversation, content=f"Question {index} {FILLER}")
-    if queue.sync_redis().exists(queue.job_key(turn.generation.id)):  # queued at commit
+    if sync_redis().exists(queue.job_key(turn.generation.id)):  # queued at commit
         prompts[turn.generation.pk] = _job_messages(turn)
     generation_finish(
         generation_id=turn.generation.id, status="complete", text=f"Answer {index} {FILLER}"
@@ -83,7 +84,7 @@ def _turn(user: User, conversation: Conversation, index: int) -> Turn:
 
 
 def _no_summary_pending(conversation: Conversation) -> bool:
-    return not queue.sync_redis().exists(summary_pending_key(conversation.pk))
+    return not sync_redis().exists(summary_pending_key(conversation.pk))
 
 
 def _summarised(user: User) -> tuple[Conversation, list[Turn]]:

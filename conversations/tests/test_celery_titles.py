@@ -16,12 +16,12 @@ from django.conf import settings
 from django.contrib.auth.models import User
 
 from billing.tests.factories import subscribe
+from chatsite.redis import sync_redis
 from conversations.events import user_events_key
 from conversations.models import Conversation
 from conversations.services import conversation_create, conversation_rename
 from conversations.titles import clean_title, title_generate
 from conversations.turns import Turn, turn_send
-from inference import queue
 from inference.models import Generation, ModelPool, Worker
 from inference.services import generation_finish
 from inference.tests.fixtures import RealWorker, register_pool, running_schedulers, wait_for
@@ -32,7 +32,7 @@ FAKE_TITLE = "tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"
 
 
 def _events(user_id: Any) -> list[tuple[str, dict[str, Any]]]:
-    entries: Any = queue.sync_redis().xrange(user_events_key(user_id))
+    entries: Any = sync_redis().xrange(user_events_key(user_id))
     return [(fields["event"], json.loads(fields["data"])) for _, fields in entries]
 
 

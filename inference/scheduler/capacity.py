@@ -19,6 +19,8 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
+from chatsite.redis import sync_redis
+
 from .. import queue, services
 from ..client import WorkerLoad
 from ..models import ModelPool, Worker
@@ -162,7 +164,7 @@ def background_order(
     if not worker_ids:
         return []
     policy = configured_policy()
-    redis = queue.sync_redis()
+    redis = sync_redis()
     try:
         now = queue.now_ms()
         pipe = redis.pipeline(transaction=False)

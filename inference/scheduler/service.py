@@ -24,6 +24,8 @@ from collections.abc import Awaitable, Callable
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
+from chatsite.redis import async_redis
+
 from .. import queue, services
 from ..client import OpenAICompatibleClient, WorkerLoad, get_client
 from ..models import Worker
@@ -52,7 +54,7 @@ class Scheduler:
             replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         )
         self.client = client or get_client()
-        self.redis = queue.async_redis()
+        self.redis = async_redis()
         self.health_interval = (
             health_interval
             if health_interval is not None

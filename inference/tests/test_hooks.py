@@ -13,7 +13,7 @@ import pytest
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 
-from inference.hooks import HookManager, InferenceHooks, Outcome, load_hooks
+from inference.hooks import HookManager, InferenceHooks, load_hooks
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -51,16 +51,9 @@ def test_subscribers_are_called_in_the_order_the_setting_names_them() -> None:
 
 
 def test_a_tool_round_is_kept_only_if_every_subscriber_keeps_it() -> None:
-    round_ = {"generation_id": "g", "text": "", "tool_calls": [], "results": []}
+    round_: dict[str, Any] = {"generation_id": "g", "text": "", "tool_calls": [], "results": []}
     assert HookManager([InferenceHooks()]).generation_tool_round(**round_) is True
     assert HookManager([InferenceHooks(), Refuser()]).generation_tool_round(**round_) is False
-
-
-def test_the_base_subscriber_does_nothing() -> None:
-    outcome = Outcome("complete", "hi", "stop", 1, 1, None)
-    hooks = InferenceHooks()
-    assert hooks.generation_finishing(generation=Any, outcome=outcome) is None  # type: ignore[arg-type]
-    assert hooks.generation_finished(generation=Any, outcome=outcome) is None  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize(

@@ -15,6 +15,7 @@ from django.contrib.auth.models import User
 from django.db import OperationalError
 
 from billing.tests.factories import subscribe
+from chatsite.redis import async_redis, sync_redis
 from conversations.models import Message
 from inference import queue, services
 from inference.models import Generation, Worker
@@ -90,7 +91,7 @@ async def test_worker_dying_mid_stream_restarts_on_another(user: User, fake_work
     # Make the dying worker the conversation's sticky one, so it is tried first.
     turn = await send(user)
     dying_row = await Worker.objects.aget(url=dying.url)
-    await queue.async_redis().set(queue.affinity_key(turn.conversation.id), dying_row.id)
+    await async_redis().set(queue.affinity_key(turn.conversation.id), dying_row.id)
     async with running_schedulers():
         await wait_for(lambda: finished(turn.generation.id))
 
@@ -158,7 +159,7 @@ async def test_cancel_of_a_queued_generation_is_immediate(user: User) -> None:
     assert message.status == Message.Status.CANCELLED
     assert await sync_to_async(events_named)(generation.id) == ["meta", "done"]
     pool_queue = queue.queue_key(settings.DEFAULT_MODEL, turn.generation.tier)
-    assert await queue.async_redis().zcard(pool_queue) == 0
+    assert await async_redis().zcard(pool_queue) == 0
 
 
 async def test_cancel_of_a_running_generation_closes_the_worker_request(
@@ -266,7 +267,7 @@ async def test_worker_down_is_marked_and_comes_back(fake_workers: Any) -> None:
 def test_stale_generation_of_a_dead_replica_is_swept(user: User) -> None:
     register_pool()
     turn = send_turn(user)
-    redis = queue.sync_redis()
+    redis = sync_redis()
     gid = str(turn.generation.id)
     # A replica claimed it, started streaming, then died without a word.
     redis.zrem(queue.queue_key(turn.generation.pool.name, turn.generation.tier), gid)
@@ -295,7 +296,7 @@ def test_sweeper_task_sees_live_replicas_by_their_heartbeat(user: User) -> None:
     register_pool()
     turn = send_turn(user)
     gid = str(turn.generation.id)
-    redis = queue.sync_redis()
+    redis = sync_redis()
     redis.zrem(queue.queue_key(turn.generation.pool.name, turn.generation.tier), gid)
     redis.hset(queue.job_key(gid), "owner", "replica-a")
     long_ago = turn.generation.enqueued_at.replace(year=2000)
@@ -350,7 +351,7 @@ async def test_a_generation_that_cannot_be_finished_is_handed_to_the_sweeper(
     async with running_schedulers() as replicas:
 
         async def disowned() -> bool:
-            job = await queue.async_redis().hgetall(queue.job_key(gid))
+            job = await async_redis().hgetall(queue.job_key(gid))
             started = "first_token_ms" in job
             return started and "owner" not in job and gid not in replicas[0].running
 
@@ -380,6 +381,6 @@ async def test_a_cancel_sent_while_no_scheduler_listened_is_still_honoured(
 
         await wait_for(streaming)
         # The flag alone, as if the pub/sub message had been lost.
-        await queue.async_redis().hset(queue.job_key(gid), "cancel", "1")
+        await async_redis().hset(queue.job_key(gid), "cancel", "1")
         await wait_for(lambda: finished(gid), within=5)
     assert await generation_status(gid) == Generation.Status.CANCELLED

@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 
 from billing import quota
 from billing.models import UsageEvent
+from chatsite.redis import sync_redis
 from chatsite.testing import assert_error
 from conversations.models import Conversation, Message
 from conversations.turns import turn_send
@@ -38,7 +39,7 @@ def test_a_blocked_input_is_refused_costs_nothing_and_leaves_a_flag(
     # Nothing written, nothing queued, nothing reserved or charged.
     assert Message.objects.filter(conversation=conversation).count() == messages_before
     assert not Generation.objects.filter(user=user).exists()
-    assert queue.sync_redis().zcard(queue.queue_key(conversation.model, "free")) == 0
+    assert sync_redis().zcard(queue.queue_key(conversation.model, "free")) == 0
     assert quota.concurrency_in_use(user_id=user.pk, now=quota.now_ms()) == 0
     assert not UsageEvent.objects.filter(user=user).exists()
     # The flag survived the refusal (this test runs without a wrapping transaction).

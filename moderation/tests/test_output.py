@@ -13,6 +13,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from rest_framework.test import APIClient
 
+from chatsite.redis import async_redis
 from conversations.models import Message
 from conversations.turns import Turn
 from inference import queue
@@ -201,7 +202,7 @@ async def test_a_client_reattaching_after_a_retract_gets_no_text(
 ) -> None:
     turn, _ = await run_bad_answer(user)
     headers = await sync_to_async(bearer)(user)
-    assert await queue.async_redis().exists(queue.stream_key(turn.generation.id))
+    assert await async_redis().exists(queue.stream_key(turn.generation.id))
 
     events = await collect(stream_url(live_edge, turn.generation.id), headers)
 
