@@ -27,7 +27,7 @@ TEST_ENV = DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432
 help:
 	@echo "make run    set up everything and start every process (prints the URL and a login)"
 	@echo "make test   lint, types and the whole suite against real Postgres, Redis and vLLM"
-	@echo "make lint   ruff and mypy only"
+	@echo "make lint   ruff, mypy and the layering contracts (lint-imports) only"
 
 EXAMPLE_PLUGIN := examples/chatsite-example-plugin
 
@@ -67,6 +67,7 @@ lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 	SECRET_KEY=lint-only DEBUG=0 $(VENV)/bin/mypy .
+	$(VENV)/bin/lint-imports
 
 .PHONY: format
 format: venv

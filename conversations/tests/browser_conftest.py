@@ -34,7 +34,12 @@ from django.core.management import call_command
 from inference import queue
 from inference.models import ModelPool, Worker
 from inference.tests.fake_worker import FakeWorker
-from inference.tests.fixtures import LiveEdge, RealWorker
+from inference.tests.fixtures import (
+    LiveEdge,
+    RealWorker,
+    test_database_url,
+    wait_for_sessions_to_end,
+)
 
 __all__ = [
     "PASSWORD",
@@ -216,23 +221,24 @@ def _collected_static() -> None:
     call_command("collectstatic", interactive=False, verbosity=0)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture
 def chat_edge(_collected_static: None, live_edge: LiveEdge) -> LiveEdge:
     """The live edge, started after the static files were collected.
 
     With DEBUG off, WhiteNoise indexes STATIC_ROOT once, when the edge starts; pytest sets up
-    `_collected_static` first because it comes first in this fixture's arguments.
+    `_collected_static` first because it comes first in this fixture's arguments. Function
+    scoped like `live_edge`, whose teardown waits for the edge to be idle before the flush.
     """
     return live_edge
 
 
+SCHEDULER_DB_APPLICATION = "chatsite-test-scheduler"
+
+
 def _stack_env(**extra: str) -> dict[str, str]:
-    database = settings.DATABASES["default"]
     return {
         **os.environ,
-        "DATABASE_URL": (
-            f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
-        ),
+        "DATABASE_URL": test_database_url(SCHEDULER_DB_APPLICATION),
         "REDIS_URL": settings.REDIS_URL,
         "DEBUG": "0",
         "SCHEDULER_HEALTH_INTERVAL_MS": "250",
@@ -248,6 +254,9 @@ def scheduler(
 
     Call it after registering the test's workers; keyword arguments are extra settings
     (environment variables), e.g. `SCHEDULER_MAX_QUEUE_SECONDS="4"`.
+
+    It requests `transactional_db`, so this teardown (the process stopped, and its database
+    sessions gone) runs before the test database is flushed.
     """
     started: list[subprocess.Popen[bytes]] = []
     log = tmp_path / "scheduler.log"
@@ -282,6 +291,8 @@ def scheduler(
         except subprocess.TimeoutExpired:
             os.killpg(process.pid, signal.SIGKILL)
             process.wait()
+    if started:
+        wait_for_sessions_to_end(SCHEDULER_DB_APPLICATION)
 
 
 @pytest.fixture(scope="module")
@@ -347,9 +358,13 @@ def log_in(page: Any, base_url: str, user: User, password: str = PASSWORD) -> No
 
 
 @pytest.fixture
-def open_chat(browser: Any) -> Iterator[Callable[..., tuple[Any, list[str]]]]:
+def open_chat(browser: Any, live_edge: LiveEdge) -> Iterator[Callable[..., tuple[Any, list[str]]]]:
     """Open a fresh browser context logged in as a user on the chat page: returns the page
-    and the list its console errors go to. The contexts close after the test."""
+    and the list its console errors go to. The contexts close after the test.
+
+    It requests `live_edge` although the page is given its URL: the pages' streams must be
+    closed before the edge's teardown waits for it to go idle, ahead of the flush.
+    """
     contexts: list[Any] = []
 
     def open_page(base_url: str, user: User, **context_options: Any) -> tuple[Any, list[str]]:

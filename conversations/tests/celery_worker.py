@@ -44,27 +44,33 @@ def _close_connections(**_: Any) -> None:
     connections.close_all()
 
 
-@pytest.fixture(scope="module")
-def live_celery_worker(django_db_setup: Any, django_db_blocker: Any) -> Iterator[Any]:
-    """A worker consuming the project's tasks for every test of the module.
+@pytest.fixture
+def live_celery_worker(transactional_db: Any, django_db_blocker: Any) -> Iterator[Any]:
+    """A worker consuming the project's tasks during one test.
 
-    Tests that use it need `django_db(transaction=True)`: the worker reads only what the
-    test committed.
+    It runs for one test, not for a module: a worker that outlived the test could be in the
+    middle of a task (a title, a summary, a sweep) when the test database is flushed. This
+    fixture requests `transactional_db` (the worker reads only what the test committed), so
+    pytest runs its teardown first: the worker stops after its current task and its thread is
+    joined (`start_worker` raises if it does not end in time), then the flush. What was still
+    queued or waiting for a retry is purged when the next worker starts.
     """
     previous = (app.conf.broker_url, app.conf.result_backend)
     _use_broker(broker_url_for_tests())
     app.control.purge()  # tasks other tests queued with no worker running
     task_postrun.connect(_close_connections, weak=False)
-    with (
-        django_db_blocker.unblock(),
-        start_worker(
-            app, pool="solo", concurrency=1, perform_ping_check=False, shutdown_timeout=30
-        ) as worker,
-    ):
-        yield worker
-    task_postrun.disconnect(_close_connections)
-    app.conf.broker_url, app.conf.result_backend = previous
-    app._after_fork()
+    try:
+        with (
+            django_db_blocker.unblock(),
+            start_worker(
+                app, pool="solo", concurrency=1, perform_ping_check=False, shutdown_timeout=30
+            ) as worker,
+        ):
+            yield worker
+    finally:
+        task_postrun.disconnect(_close_connections)
+        app.conf.broker_url, app.conf.result_backend = previous
+        app._after_fork()
 
 
 def wait_until(condition: Callable[[], Any], *, within: float = 20.0) -> Any:

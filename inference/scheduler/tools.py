@@ -70,7 +70,10 @@ class ToolLoop:
         )
 
     def shutdown(self) -> None:
-        self._threads.shutdown(wait=False, cancel_futures=True)
+        """Drop the calls not started and wait for those running: a tool still writing to the
+        database after its scheduler stopped would outlive it (the plugin layer's own time
+        limit bounds the wait). Each call closes its thread's connections when it ends."""
+        self._threads.shutdown(wait=True, cancel_futures=True)
 
     async def run_calls(
         self, *, generation_id: str, user_id: int, conversation_id: str, calls: list[ToolCall]

@@ -1,5 +1,25 @@
 """Fixtures for the inference plane, loaded for the whole suite by the root conftest: pools,
-stand-in workers, in-process scheduler replicas, a live Daphne edge and real vLLM workers."""
+stand-in workers, in-process scheduler replicas, a live Daphne edge and real vLLM workers.
+
+Live processes and the database flush. A transactional test ends with pytest-django
+truncating every table (the `_django_db_helper` fixture's teardown); a process or thread
+still writing then deadlocks with the TRUNCATE (it holds a row lock the TRUNCATE waits
+for while it waits for a table the TRUNCATE has locked). So nothing a test started may be
+writing by then, and that is made to follow from how pytest orders teardown rather than
+from timing: pytest tears a fixture down before any fixture it requested, so
+
+- a function-scoped fixture that starts a writer (a scheduler subprocess, a Celery worker
+  thread) requests `transactional_db` and stops and joins it in its own teardown;
+- a session-scoped process that writes (the live edge) is reached through a function-scoped
+  fixture that requests `transactional_db` and, in its teardown, waits until the process
+  has nothing in flight and no database session of its own is busy;
+- a fixture that makes requests to the edge (the browser's pages) requests the edge's
+  fixture, so its connections are closed before the edge is waited for;
+- in-process scheduler replicas run inside the test (`running_schedulers`), joined before
+  the test returns.
+
+`chatsite/tests/test_teardown_order.py` checks the order at the moment of the flush.
+"""
 
 from __future__ import annotations
 
@@ -21,7 +41,9 @@ import httpx
 import pytest
 from asgiref.sync import sync_to_async
 from django.conf import settings
+from django.db import connection
 
+from chatsite.tests.edge_asgi import IN_FLIGHT_PATH
 from inference import queue
 from inference.client import WorkerLoad, parse_metrics
 from inference.models import ModelPool, Worker
@@ -202,23 +224,95 @@ def real_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Real
             worker.process.wait()
 
 
+def test_database_url(application_name: str) -> str:
+    """The test database's URL for a process the suite starts, its sessions named so that
+    `busy_sessions` can tell them apart in pg_stat_activity."""
+    database = settings.DATABASES["default"]
+    return (
+        f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
+        f"?application_name={application_name}"
+    )
+
+
+def busy_sessions(application_name: str, *, connected: bool = False) -> list[str]:
+    """The test database's sessions opened as `application_name` that are doing something
+    (running a statement or inside a transaction), or, with `connected`, that exist at all."""
+    if connection.vendor != "postgresql":
+        return []
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT pid, state, query FROM pg_stat_activity"
+            " WHERE datname = current_database() AND application_name = %s"
+            " AND (%s OR state IS DISTINCT FROM 'idle')",
+            [application_name, connected],
+        )
+        return [f"pid {pid} ({state}): {query[:200]}" for pid, state, query in cursor.fetchall()]
+
+
+def wait_for_sessions_to_end(application_name: str, *, within: float = 15.0) -> None:
+    """After a process exited: until Postgres has ended its sessions too (a backend whose
+    client was killed finishes the statement it is in, and holds its locks until then)."""
+    deadline = time.monotonic() + within
+    while sessions := busy_sessions(application_name, connected=True):
+        if time.monotonic() > deadline:
+            pytest.fail(f"{application_name} exited but its sessions remain: {sessions}")
+        time.sleep(0.05)
+
+
 @dataclass
 class LiveEdge:
     """A real Daphne process serving the project against the test database."""
 
     url: str
     process: subprocess.Popen[bytes]
+    application_name: str
+    log: Path
+
+    def in_flight(self) -> int:
+        """How many requests the edge is still handling (chatsite/tests/edge_asgi.py)."""
+        response = httpx.get(f"{self.url}{IN_FLIGHT_PATH}", timeout=5)
+        return int(response.json()["in_flight"])
+
+    def wait_until_idle(self, *, within: float = 30.0) -> None:
+        """Until the edge handles no request and none of its database sessions is busy.
+
+        A request whose client left goes on in the edge (a stream left before its first token
+        cancels the generation there), so the client being done says nothing about the edge.
+        """
+        deadline = time.monotonic() + within
+        while True:
+            if self.process.poll() is not None:
+                wait_for_sessions_to_end(self.application_name)
+                return
+            in_flight = self.in_flight()
+            sessions = busy_sessions(self.application_name)
+            if not in_flight and not sessions:
+                return
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"the live edge did not go idle within {within} s before the database "
+                    f"flush: {in_flight} request(s) in flight, busy sessions: {sessions}\n"
+                    f"edge log ({self.log}):\n{self.log.read_text()[-3000:]}"
+                )
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=10)
+        wait_for_sessions_to_end(self.application_name)
 
 
 def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
-    """Start Daphne on a free port against the test database; returns once it answers."""
+    """Start Daphne on a free port against the test database; returns once it answers.
+
+    It serves the project through `chatsite.tests.edge_asgi`, which counts the requests in
+    flight for `LiveEdge.wait_until_idle`.
+    """
     port = _free_port()
-    database = settings.DATABASES["default"]
+    application_name = f"chatsite-test-edge-{port}"
     env = {
         **os.environ,
-        "DATABASE_URL": (
-            f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}/{database['NAME']}"
-        ),
+        "DATABASE_URL": test_database_url(application_name),
         "REDIS_URL": settings.REDIS_URL,
         "STREAM_HEARTBEAT_SECONDS": "1",
         "DEBUG": "0",
@@ -232,7 +326,12 @@ def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
             "127.0.0.1",
             "-p",
             str(port),
-            "chatsite.asgi:application",
+            # Daphne cancels an application its client left after this long; Django's handler
+            # has already cancelled it at the disconnect, and a second cancel would cut the
+            # shielded clean-up (`_detach`) loose from the count of what is in flight.
+            "--application-close-timeout",
+            "120",
+            "chatsite.tests.edge_asgi:application",
         ],
         cwd=settings.BASE_DIR,
         env=env,
@@ -249,14 +348,26 @@ def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
             if process.poll() is not None or time.monotonic() > deadline:
                 pytest.fail(f"daphne did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
-    return LiveEdge(url=url, process=process)
+    return LiveEdge(url=url, process=process, application_name=application_name, log=log)
 
 
 @pytest.fixture(scope="session")
-def live_edge(
+def _live_edge_process(
     django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveEdge]:
+    """The one Daphne process of the session; tests reach it through `live_edge`."""
     edge = start_edge(tmp_path_factory.mktemp("edge"))
     yield edge
-    edge.process.terminate()
-    edge.process.wait(timeout=10)
+    with django_db_blocker.unblock():
+        edge.stop()
+
+
+@pytest.fixture
+def live_edge(transactional_db: Any, _live_edge_process: LiveEdge) -> Iterator[LiveEdge]:
+    """The session's live edge, idle again before this test's database is flushed.
+
+    It requests `transactional_db` (the edge sees only what the test committed), so pytest
+    runs this teardown, the wait, before the flush in that fixture's teardown.
+    """
+    yield _live_edge_process
+    _live_edge_process.wait_until_idle()

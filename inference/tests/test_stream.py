@@ -360,5 +360,5 @@ async def test_an_idle_stream_outlives_the_redis_client_timeout(
         assert [e.event for e in events] == ["meta", "comment"]
         assert events[-1].comment == "heartbeat"
     finally:
-        edge.process.terminate()
-        edge.process.wait(timeout=10)
+        # Stopped, and its database sessions ended, before this test's flush.
+        await sync_to_async(edge.stop)()
