@@ -8,7 +8,6 @@ class ErrorCode(enum.StrEnum):
     UNKNOWN_TIER = "unknown_tier"
     BAD_WORKER_SETTING = "bad_worker_setting"
     QUEUE_TIMEOUT = "queue_timeout"
-    NO_WORKER = "no_worker"
     SCHEDULER_LOST = "scheduler_lost"
     GENERATION_FAILED = "generation_failed"
     TOKENIZER_MISSING = "tokenizer_missing"

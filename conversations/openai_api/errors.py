@@ -14,6 +14,8 @@ from typing import Any
 from django.http import JsonResponse
 
 from chatsite.errors import ServiceError
+from inference.client import FaultCode
+from inference.errors import ErrorCode as InferenceError
 
 TYPES = {
     400: "invalid_request_error",
@@ -107,8 +109,12 @@ def from_service_error(exc: ServiceError) -> OpenAIError:
 # "overloaded" as OpenAI's 503; anything else failed on our side.
 # A worker that cannot call tools (no tool-call parser, or a `tool_choice` it does not
 # support) refuses the request's tools: the client must change its request.
-_GENERATION_STATUS = {"queue_timeout": 503, "no_worker": 503, "tools_unsupported": 400}
-_GENERATION_PARAMS = {"tools_unsupported": "tools"}
+_GENERATION_STATUS: dict[str, int] = {
+    InferenceError.QUEUE_TIMEOUT: 503,
+    FaultCode.NO_WORKER: 503,
+    FaultCode.TOOLS_UNSUPPORTED: 400,
+}
+_GENERATION_PARAMS: dict[str, str] = {FaultCode.TOOLS_UNSUPPORTED: "tools"}
 
 
 def from_generation_error(code: str, message: str) -> OpenAIError:
@@ -117,5 +123,5 @@ def from_generation_error(code: str, message: str) -> OpenAIError:
         _GENERATION_STATUS.get(code, 500),
         message or "The model failed to answer.",
         param=_GENERATION_PARAMS.get(code),
-        code=code or "generation_failed",
+        code=code or InferenceError.GENERATION_FAILED,
     )

@@ -571,6 +571,12 @@ def test_api_errors_are_shown_and_the_draft_is_kept(
     page.route("**/api/v1/events/stream", lambda route: route.fulfill(status=204))
     page.reload()
     expect(page.locator(".message.user")).to_have_count(1)
+    # The page has loaded what it reads of the conversation (the tools menu comes last):
+    # deleting it earlier would make those reads 404, which is not what this test is about.
+    page.wait_for_function(
+        "document.querySelector('#tools-list').children.length > 0"
+        " || document.querySelector('#tools-note').textContent !== ''"
+    )
     conversation_remove(conversation=Conversation.objects.get())
     send(page, "Are you still there?")
     expect(page.locator("#banner-text")).to_have_text("This conversation was deleted.")

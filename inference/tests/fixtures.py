@@ -270,8 +270,12 @@ class LiveEdge:
 
     def in_flight(self) -> int:
         """How many requests the edge is still handling (chatsite/tests/edge_asgi.py)."""
+        return int(self._in_flight_report()["in_flight"])
+
+    def _in_flight_report(self) -> dict[str, Any]:
         response = httpx.get(f"{self.url}{IN_FLIGHT_PATH}", timeout=5)
-        return int(response.json()["in_flight"])
+        report: dict[str, Any] = response.json()
+        return report
 
     def wait_until_idle(self, *, within: float = 30.0) -> None:
         """Until the edge handles no request and none of its database sessions is busy.
@@ -291,7 +295,8 @@ class LiveEdge:
             if time.monotonic() > deadline:
                 pytest.fail(
                     f"the live edge did not go idle within {within} s before the database "
-                    f"flush: {in_flight} request(s) in flight, busy sessions: {sessions}\n"
+                    f"flush: {in_flight} request(s) in flight "
+                    f"({self._in_flight_report()['paths']}), busy sessions: {sessions}\n"
                     f"edge log ({self.log}):\n{self.log.read_text()[-3000:]}"
                 )
             time.sleep(0.05)
