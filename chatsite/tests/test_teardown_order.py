@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import subprocess
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -113,7 +114,12 @@ def test_the_scheduler_process_and_its_sessions_are_gone_before_the_flush(
     flush_witness: FlushWitness, scheduler: Callable[..., subprocess.Popen[bytes]]
 ) -> None:
     process = scheduler()
-    assert busy_sessions(SCHEDULER_DB_APPLICATION, connected=True)
+    # It connects and disconnects as its loops run (each closes its old connections): wait
+    # until one of its sessions is seen, so that the check at the flush means something.
+    deadline = time.monotonic() + 30
+    while not busy_sessions(SCHEDULER_DB_APPLICATION, connected=True):
+        assert time.monotonic() < deadline, "the scheduler never connected to the database"
+        time.sleep(0.02)
     flush_witness.expect("the scheduler has exited", lambda: process.poll() is not None, True)
     flush_witness.expect(
         "its database sessions",
