@@ -509,12 +509,17 @@ def test_the_sidebar_scrolls_searches_renames_and_deletes(
     expect(links).not_to_have_count(0)
     assert links.count() in (20, 40), "the first pages only, twenty at a time"
 
-    # One reading of the count per step: a page still loading from the last scroll may land
-    # between two readings, and the step would then wait for a change that already happened.
+    # Scroll to the end until the next page shows: a scroll that lands while the previous
+    # page is still loading is ignored by the sidebar, so one scroll per page is not enough.
     count = links.count()
     while count < 48:
-        page.locator("#conversation-nav").evaluate("(nav) => { nav.scrollTop = nav.scrollHeight; }")
-        expect(links).not_to_have_count(count)
+        deadline = time.monotonic() + 15
+        while links.count() == count:
+            assert time.monotonic() < deadline, f"the sidebar stopped at {count} conversations"
+            page.locator("#conversation-nav").evaluate(
+                "(nav) => { nav.scrollTop = nav.scrollHeight; }"
+            )
+            page.wait_for_timeout(100)
         count = links.count()
     titles = links.all_text_contents()
     assert titles == [f"Recipe {i}" for i in (2, 1, 0)] + [
