@@ -15,11 +15,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import gc
 import json
 import os
 from typing import Any
 
 IN_FLIGHT_PATH = "/__tests__/in-flight"
+# Where each asyncio task of the edge is waiting, for the failure message of a teardown whose
+# edge does not go idle (a thread dump cannot show a task parked on a future).
+TASKS_PATH = "/__tests__/tasks"
 # Responses that write nothing once they have started: the user's event stream reads Redis
 # only, and closes its database connections before its first byte. They are not waited for
 # (a page's event stream may take a while to notice that its page closed), only reported.
@@ -45,7 +49,10 @@ class InFlightCounter:
             await self.app(scope, receive, send)
             return
         if scope["type"] == "http" and scope["path"] == IN_FLIGHT_PATH:
-            await self._report(send)
+            await self._respond(send, "application/json", json.dumps(self._report()))
+            return
+        if scope["type"] == "http" and scope["path"] == TASKS_PATH:
+            await self._respond(send, "text/plain", tasks_report())
             return
         path = f"{scope['type']} {scope.get('path', '')}"
         self.paths[path] += 1
@@ -75,11 +82,60 @@ class InFlightCounter:
         if not self.paths[path]:
             del self.paths[path]
 
-    async def _report(self, send: Any) -> None:
-        body = json.dumps({"in_flight": self.in_flight, "paths": dict(self.paths)}).encode()
-        headers = [(b"content-type", b"application/json"), (b"cache-control", b"no-store")]
+    def _report(self) -> dict[str, Any]:
+        return {"in_flight": self.in_flight, "paths": dict(self.paths)}
+
+    @staticmethod
+    async def _respond(send: Any, content_type: str, body: str) -> None:
+        headers = [(b"content-type", content_type.encode()), (b"cache-control", b"no-store")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
-        await send({"type": "http.response.body", "body": body})
+        await send({"type": "http.response.body", "body": body.encode()})
+
+
+def tasks_report() -> str:
+    """Every task of the running loop with the chain of what it awaits, innermost last."""
+    lines = []
+    for task in asyncio.all_tasks():
+        lines.append(f"{task.get_name()}:")
+        lines.extend(f"    {step}" for step in awaited_chain(task.get_coro()))
+    return "\n".join(lines) + "\n"
+
+
+def awaited_chain(awaitable: Any) -> list[str]:
+    """The frames from a coroutine down to the future it is parked on. An async generator's
+    `asend` object names its generator only to the garbage collector, so that is asked."""
+    steps: list[str] = []
+    seen = 0
+    while awaitable is not None and seen < 64:
+        seen += 1
+        frame = next(
+            (
+                getattr(awaitable, name)
+                for name in ("cr_frame", "ag_frame", "gi_frame")
+                if getattr(awaitable, name, None) is not None
+            ),
+            None,
+        )
+        if frame is not None:
+            code = frame.f_code
+            steps.append(f"{code.co_filename}:{frame.f_lineno} in {code.co_name}")
+        inner = next(
+            (
+                getattr(awaitable, name)
+                for name in ("cr_await", "ag_await", "gi_yieldfrom")
+                if getattr(awaitable, name, None) is not None
+            ),
+            None,
+        )
+        if inner is None and frame is None:
+            # An `asend`/`athrow` object, or a future.
+            referents = [r for r in gc.get_referents(awaitable) if hasattr(r, "ag_frame")]
+            if referents:
+                inner = referents[0]
+            else:
+                steps.append(f"awaiting {awaitable!r}"[:300])
+        awaitable = inner
+    return steps
 
 
 def __getattr__(name: str) -> Any:

@@ -43,7 +43,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
-from chatsite.tests.edge_asgi import IN_FLIGHT_PATH
+from chatsite.tests.edge_asgi import IN_FLIGHT_PATH, TASKS_PATH
 from inference import queue
 from inference.client import WorkerLoad, parse_metrics
 from inference.models import ModelPool, Worker
@@ -297,9 +297,31 @@ class LiveEdge:
                     f"the live edge did not go idle within {within} s before the database "
                     f"flush: {in_flight} request(s) in flight "
                     f"({self._in_flight_report()['paths']}), busy sessions: {sessions}\n"
-                    f"edge log ({self.log}):\n{self.log.read_text()[-3000:]}"
+                    f"edge log ({self.log}):\n{self.log.read_text()[-3000:]}\n"
+                    f"{self.stacks()}"
                 )
             time.sleep(0.05)
+
+    def stacks(self) -> str:
+        """Where the edge's asyncio tasks wait, and its threads' stacks (py-spy), to show why
+        a request does not end."""
+        try:
+            tasks = httpx.get(f"{self.url}{TASKS_PATH}", timeout=5).text
+        except httpx.HTTPError as exc:
+            tasks = f"(no answer: {exc})"
+        py_spy = Path(sys.executable).parent / "py-spy"
+        try:
+            threads = subprocess.run(  # noqa: S603 (our own command line)
+                [str(py_spy), "dump", "--pid", str(self.process.pid)],
+                capture_output=True,
+                text=True,
+                timeout=30,
+                check=False,
+            )
+            dump = threads.stdout + threads.stderr
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            dump = f"(py-spy failed: {exc})"
+        return f"edge tasks:\n{tasks[-12000:]}\nedge threads:\n{dump[-12000:]}"
 
     def stop(self) -> None:
         self.process.terminate()
