@@ -250,8 +250,11 @@ INFERENCE_REDIS_PREFIX = os.environ.get("INFERENCE_REDIS_PREFIX", "cs")
 INFERENCE_TIER_PRIORITY = {"pro": 0, "plus": 5, "free": 10}
 DEFAULT_TIER = os.environ.get("DEFAULT_TIER", "free")
 SCHEDULER_MAX_QUEUE_SECONDS = env_int("SCHEDULER_MAX_QUEUE_SECONDS", 20)
-# A worker that sends no token for this long is treated as hung.
+# A worker that sends no token for this long, once an answer has begun, is treated as hung.
 SCHEDULER_STALL_SECONDS = env_int("SCHEDULER_STALL_SECONDS", 30)
+# Before its first token an answer may wait in vLLM's own queue behind a full batch (the
+# worker answers its health checks meanwhile); it is given up after this long.
+SCHEDULER_FIRST_TOKEN_SECONDS = env_int("SCHEDULER_FIRST_TOKEN_SECONDS", 300)
 SCHEDULER_COALESCE_MS = env_int("SCHEDULER_COALESCE_MS", 50)
 SCHEDULER_HEALTH_INTERVAL_MS = env_int("SCHEDULER_HEALTH_INTERVAL_MS", 1000)
 # How a generation (and a background completion) picks its worker: "affinity" (the worker

@@ -7,6 +7,7 @@ in `settings.INFERENCE_CLIENT`.
 
 from __future__ import annotations
 
+import asyncio
 import enum
 import json
 import uuid
@@ -164,12 +165,25 @@ def parse_metrics(text: str) -> WorkerLoad:
 class OpenAICompatibleClient:
     """Streams chat completions from an OpenAI-compatible server over HTTP."""
 
-    def __init__(self, *, stall_seconds: float | None = None) -> None:
-        stall = stall_seconds if stall_seconds is not None else settings.SCHEDULER_STALL_SECONDS
-        # The read timeout is the stall detector: vLLM sends nothing between tokens, so no
-        # bytes for `stall` seconds means the worker hung.
+    def __init__(
+        self, *, stall_seconds: float | None = None, first_token_seconds: float | None = None
+    ) -> None:
+        # The stall detector: once a stream has begun, vLLM sends something every token, so
+        # no line for `stall` seconds means the worker hung. Before its first line a request
+        # may be waiting in vLLM's own queue behind a full batch; that wait is allowed
+        # `first_token` seconds (a worker that is down fails its health check long before).
+        self.stall = (
+            stall_seconds if stall_seconds is not None else settings.SCHEDULER_STALL_SECONDS
+        )
+        self.first_token = (
+            first_token_seconds
+            if first_token_seconds is not None
+            else settings.SCHEDULER_FIRST_TOKEN_SECONDS
+        )
         self._http = httpx.AsyncClient(
-            timeout=httpx.Timeout(connect=5.0, read=stall, write=10.0, pool=5.0),
+            timeout=httpx.Timeout(
+                connect=5.0, read=max(self.stall, self.first_token), write=10.0, pool=5.0
+            ),
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
         )
 
@@ -232,7 +246,19 @@ class OpenAICompatibleClient:
                         FaultCode.WORKER_ERROR, f"worker answered {response.status_code}: {detail}"
                     )
                 finished = False
-                async for line in response.aiter_lines():
+                lines = response.aiter_lines()
+                wait = self.first_token
+                while True:
+                    try:
+                        async with asyncio.timeout(wait):
+                            line = await anext(lines)
+                    except StopAsyncIteration:
+                        break
+                    except TimeoutError:
+                        raise WorkerFault(
+                            FaultCode.WORKER_STALLED, f"no data from the worker for {wait:g} s"
+                        ) from None
+                    wait = self.stall
                     if not line.startswith("data:"):
                         continue
                     payload = line[5:].strip()

@@ -34,8 +34,11 @@ class FakeWorker:
         tool_rounds: int = 1,
         refuse_tools: bool = False,
         tool_trigger: str = "",
+        first_token_delay: float = 0.0,
     ) -> None:
         self.mode = mode
+        # Seconds before the first chunk: a request waiting in vLLM's queue behind a full batch.
+        self.first_token_delay = first_token_delay
         self.tokens = tokens
         self.token_delay = token_delay
         self.tool_calls = tool_calls or []
@@ -168,6 +171,8 @@ class FakeWorker:
                 self._chunk(b"")
 
             def _stream(self, body: dict[str, Any], mode: str) -> None:
+                if worker.first_token_delay:
+                    worker._release.wait(timeout=worker.first_token_delay)
                 if self._calls_tools(body):
                     self._stream_tool_calls()
                     return

@@ -150,6 +150,38 @@ async def test_hung_worker_is_detected_and_generation_fails(
     assert generation.output_tokens is not None and generation.output_tokens > 0
 
 
+async def test_an_answer_waiting_in_the_workers_queue_past_the_stall_time_completes(
+    user: User, fake_workers: Any, settings: Any
+) -> None:
+    # Before its first token a request may wait behind a full batch inside vLLM: the stall
+    # time does not apply yet, the (longer) first-token time does.
+    settings.SCHEDULER_STALL_SECONDS = 1
+    settings.SCHEDULER_FIRST_TOKEN_SECONDS = 20
+    fake = fake_workers(first_token_delay=2.5)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id), within=15)
+    generation = await Generation.objects.aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.COMPLETE
+    assert generation.output_tokens == 8
+
+
+async def test_an_answer_that_never_begins_fails_after_the_first_token_time(
+    user: User, fake_workers: Any, settings: Any
+) -> None:
+    settings.SCHEDULER_STALL_SECONDS = 30
+    settings.SCHEDULER_FIRST_TOKEN_SECONDS = 1
+    fake = fake_workers(first_token_delay=30)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    async with running_schedulers():
+        await wait_for(lambda: finished(turn.generation.id), within=15)
+    generation = await Generation.objects.aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.FAILED
+    assert generation.error_code == "worker_stalled"
+
+
 async def test_cancel_of_a_queued_generation_is_immediate(user: User) -> None:
     await sync_to_async(register_pool)()  # a pool with no worker: nothing will run
     turn = await send(user)
