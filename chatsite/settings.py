@@ -35,6 +35,19 @@ def env_int(name: str, default: int) -> int:
         raise ImproperlyConfigured(f"{name} must be an integer, got {raw!r}") from exc
 
 
+def env_float(name: str, default: float) -> float:
+    raw = os.environ.get(name)
+    if raw is None or raw.strip() == "":
+        return default
+    try:
+        value = float(raw)
+    except ValueError as exc:
+        raise ImproperlyConfigured(f"{name} must be a number, got {raw!r}") from exc
+    if value != value or value in (float("inf"), float("-inf")):
+        raise ImproperlyConfigured(f"{name} must be a finite number, got {raw!r}")
+    return value
+
+
 def env_list(name: str, default: list[str]) -> list[str]:
     raw = os.environ.get(name)
     if raw is None:
@@ -112,14 +125,24 @@ ASGI_APPLICATION = "chatsite.asgi.application"
 WSGI_APPLICATION = "chatsite.wsgi.application"
 
 DATABASE_URL = os.environ.get("DATABASE_URL", "")
+# Connections come from a pool in each process (psycopg's, through Django): a request, a
+# scheduler step or a task borrows one and gives it back when Django closes it, so nobody
+# pays for a new Postgres session (a backend process, authentication, set-up) per request.
+# DB_POOL_MAX_SIZE=0 turns the pool off (Celery's prefork children, which must not inherit
+# their parent's pool, run so). Persistent per-thread connections stay off: they leak under
+# ASGI, where sync code runs on whichever thread is free.
+DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 8)
 if DATABASE_URL:
-    # Persistent connections leak under ASGI (each request's sync code may run on a new
-    # thread, and a thread keeps its connection): close them after each request by default.
     DATABASES = {
-        "default": dj_database_url.parse(
-            DATABASE_URL, conn_max_age=env_int("DB_CONN_MAX_AGE", 0), conn_health_checks=True
-        )
+        "default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)
     }
+    if DB_POOL_MAX_SIZE:
+        DATABASES["default"].setdefault("OPTIONS", {})["pool"] = {
+            "min_size": 1,
+            "max_size": DB_POOL_MAX_SIZE,
+            # A borrower that waits longer than this gets an error, not an endless queue.
+            "timeout": 10,
+        }
 else:
     DATABASES = {
         "default": {
@@ -270,9 +293,10 @@ INFERENCE_OUTPUT_GUARD = os.environ.get(
 # Affinity yields to least-loaded when the sticky worker carries this many more requests.
 SCHEDULER_AFFINITY_SLACK = env_int("SCHEDULER_AFFINITY_SLACK", 4)
 SCHEDULER_AFFINITY_TTL_SECONDS = env_int("SCHEDULER_AFFINITY_TTL_SECONDS", 3600)
-# Above this KV-cache use (percent) a worker takes no new generation.
-SCHEDULER_KV_CACHE_HIGH_PERCENT = env_int("SCHEDULER_KV_CACHE_HIGH_PERCENT", 90)
-SCHEDULER_MAX_WAITING_PER_WORKER = env_int("SCHEDULER_MAX_WAITING_PER_WORKER", 2)
+# A worker's leases may hold this many times the tokens its KV cache has room for, each
+# counted as its prompt plus its max_tokens (most answers end well before max_tokens; vLLM
+# pre-empts and resumes if the cache runs out). 0 leaves only max_concurrency.
+SCHEDULER_KV_OVERCOMMIT = env_float("SCHEDULER_KV_OVERCOMMIT", 1.0)
 GENERATION_STREAM_TTL_SECONDS = env_int("GENERATION_STREAM_TTL_SECONDS", 3600)
 # Server-Sent Events: heartbeat comments while idle, client retry delay, and how long a
 # generation whose watchers all left after its first token waits for one to come back.

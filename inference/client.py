@@ -130,7 +130,14 @@ class WorkerLoad:
     kv_cache_percent: float = 0.0
     prefix_cache_queries: float = 0.0
     prefix_cache_hits: float = 0.0
+    # The KV cache's size, from `vllm:cache_config_info` (0: the worker does not say).
+    block_size: int = 0
+    num_gpu_blocks: int = 0
     raw: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def kv_capacity_tokens(self) -> int:
+        return self.block_size * self.num_gpu_blocks
 
 
 _METRICS = {
@@ -146,6 +153,12 @@ def parse_metrics(text: str) -> WorkerLoad:
     """Sum vLLM's gauges and counters over their labels (one model per worker here)."""
     load = WorkerLoad()
     for family in text_string_to_metric_families(text):
+        if family.name == "vllm:cache_config_info":
+            # An info metric: the configuration is in its labels.
+            for sample in family.samples[:1]:
+                load.block_size = _int_label(sample.labels, "block_size")
+                load.num_gpu_blocks = _int_label(sample.labels, "num_gpu_blocks")
+            continue
         attr = _METRICS.get(family.name)
         if attr is None:
             continue
@@ -160,6 +173,13 @@ def parse_metrics(text: str) -> WorkerLoad:
         setattr(load, attr, total)
         load.raw[family.name] = total
     return load
+
+
+def _int_label(labels: dict[str, str], name: str) -> int:
+    try:
+        return int(labels.get(name) or 0)
+    except ValueError:
+        return 0
 
 
 class OpenAICompatibleClient:

@@ -64,8 +64,10 @@ class Worker(models.Model):
     url = models.URLField(max_length=300, unique=True)
     state = models.CharField(max_length=16, choices=State.choices, default=State.DOWN)
     origin = models.CharField(max_length=16, choices=Origin.choices, default=Origin.ADMIN)
+    # vLLM's own default batch limit (max_num_seqs); the schedulers' KV budget
+    # (SCHEDULER_KV_OVERCOMMIT) usually binds first.
     max_concurrency = models.PositiveIntegerField(
-        default=32, help_text="Most generations this scheduler sends to the worker at once."
+        default=256, help_text="Most generations the schedulers send to the worker at once."
     )
     last_seen_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)

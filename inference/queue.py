@@ -51,6 +51,11 @@ def lease_key(worker_id: object) -> str:
     return key("lease", worker_id)
 
 
+def lease_tokens_key(worker_id: object) -> str:
+    """The tokens each lease on a worker may hold in its KV cache (prompt plus max_tokens)."""
+    return key("lease-tokens", worker_id)
+
+
 def affinity_key(conversation_id: object) -> str:
     return key("aff", conversation_id)
 
@@ -147,6 +152,11 @@ class Job:
     # True: the tools are plugins the scheduler runs (web chat, API conversations); False:
     # the client defined them and runs them itself (`/v1`), so the answer ends at the calls.
     run_tools: bool = False
+
+    @property
+    def kv_tokens(self) -> int:
+        """What the answer may hold in the worker's KV cache at most: its prompt and answer."""
+        return self.prompt_tokens + self.max_tokens
 
     def to_fields(self) -> dict[str, str]:
         return {

@@ -283,8 +283,11 @@ def generation_record_tool_calls(*, generation_id: Any, tool_calls: list[dict[st
 
 
 def generation_mark_running(*, generation_id: Any, worker_id: int, attempt: int) -> None:
-    """Record the admission of a generation to a worker."""
-    Generation.objects.filter(pk=generation_id).update(
+    """Record the admission of a generation to a worker (never over a final state: the
+    scheduler writes this beside the answer, not before it)."""
+    Generation.objects.filter(
+        pk=generation_id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
+    ).update(
         status=Generation.Status.RUNNING,
         worker_id=worker_id,
         attempts=attempt,

@@ -3,9 +3,17 @@
 A replica keeps a `WorkerView` per worker (its row, its load as last measured). Room on a
 worker is a lease in `lease:<worker>` (a sorted set scored by expiry), taken by one Lua step
 so that replicas never overfill a worker, and renewed while the generation runs; the leases
-of a replica that dies lapse by themselves. Placement asks the configured policy
-(`placement.py`) with the facts read here: the loads, the conversation's sticky worker and
-the pool's round-robin turn.
+of a replica that dies lapse by themselves.
+
+Admission is the schedulers' own accounting of what they have sent, checked at the moment a
+generation is placed: at most the worker's `max_concurrency` leases, and at most the tokens
+its KV cache holds (`vllm:cache_config_info`; times `SCHEDULER_KV_OVERCOMMIT`), counting each
+lease as its prompt plus its `max_tokens`. Within that vLLM's continuous batching and its
+priority order do the rest; no reading of vLLM's queue, which is a second old, holds work
+back.
+
+Placement asks the configured policy (`placement.py`) with the facts read here: the loads,
+the conversation's sticky worker and the pool's round-robin turn.
 """
 
 from __future__ import annotations
@@ -28,14 +36,32 @@ from .placement import Candidate, PlacementPolicy, PlacementRequest, configured_
 
 logger = logging.getLogger(__name__)
 
-# Take a lease on a worker only while it has room; expired leases (a dead replica's) are
-# dropped first, so capacity heals by itself.
+# Take a lease on a worker only while it has room: fewer leases than its concurrency, and
+# (with a token budget, ARGV[6] > 0) room in its KV cache for this one's tokens; an idle
+# worker takes any one. Expired leases (a dead replica's) are dropped first, so capacity heals
+# by itself. KEYS: the leases, their tokens. ARGV: now, concurrency, expiry, generation id,
+# its tokens, the budget.
 ACQUIRE_LEASE = """
-redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+if #expired > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
+  redis.call('HDEL', KEYS[2], unpack(expired))
+end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
   return 0
 end
+local budget = tonumber(ARGV[6])
+if budget > 0 then
+  local held = 0
+  for _, tokens in ipairs(redis.call('HVALS', KEYS[2])) do
+    held = held + tonumber(tokens)
+  end
+  if held > 0 and held + tonumber(ARGV[5]) > budget then
+    return 0
+  end
+end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
+redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
 return 1
 """
 
@@ -65,14 +91,15 @@ class WorkerView:
         )
 
     def has_room(self) -> bool:
-        if self.state != Worker.State.HEALTHY or self.leases >= self.max_concurrency:
-            return False
-        if self.load is None:
-            return True
-        return (
-            self.load.waiting <= settings.SCHEDULER_MAX_WAITING_PER_WORKER
-            and self.load.kv_cache_percent < settings.SCHEDULER_KV_CACHE_HIGH_PERCENT
-        )
+        """Room for one more lease, as far as this replica counted; the lease's Lua step
+        decides, with every replica's leases and the KV budget."""
+        return self.state == Worker.State.HEALTHY and self.leases < self.max_concurrency
+
+    def token_budget(self) -> int:
+        """The tokens its leases may hold at once; 0 where the worker does not report its KV
+        cache (then only `max_concurrency` bounds it)."""
+        capacity = self.load.kv_capacity_tokens if self.load is not None else 0
+        return int(capacity * settings.SCHEDULER_KV_OVERCOMMIT)
 
 
 class Capacity:
@@ -128,16 +155,20 @@ class Capacity:
         by_id = {view.id: view for view in views}
         return [by_id[c.id] for c in self.policy.order([v.candidate() for v in views], request)]
 
-    async def acquire(self, view: WorkerView, generation_id: str) -> bool:
+    async def acquire(self, view: WorkerView, generation_id: str, *, tokens: int = 0) -> bool:
+        """A lease on `view` for a generation whose prompt and answer take `tokens`."""
         now = queue.now_ms()
         ok = await self.redis.eval(
             ACQUIRE_LEASE,
-            1,
+            2,
             queue.lease_key(view.id),
+            queue.lease_tokens_key(view.id),
             str(now),
             str(view.max_concurrency),
             str(now + queue.LEASE_SECONDS * 1000),
             generation_id,
+            str(max(0, tokens)),
+            str(view.token_budget()),
         )
         if ok:
             self.leases[generation_id] = view.id
@@ -147,7 +178,10 @@ class Capacity:
     async def release(self, generation_id: str) -> None:
         worker_id = self.leases.pop(generation_id, None)
         if worker_id is not None:
-            await self.redis.zrem(queue.lease_key(worker_id), generation_id)
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.zrem(queue.lease_key(worker_id), generation_id)
+                pipe.hdel(queue.lease_tokens_key(worker_id), generation_id)
+                await pipe.execute()
 
     async def renew(self) -> None:
         """Push back the expiry of every lease this replica holds."""

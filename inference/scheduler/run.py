@@ -66,6 +66,9 @@ class Run:
     tool_rounds: int = 0
     spent: dict[str, Any] = field(default_factory=dict)
     announced_attempt: int = 0
+    # The write of its admission to Postgres, made beside the request to the worker rather
+    # than before it; the finish waits for it.
+    admission: asyncio.Task[None] | None = None
 
 
 class Runs:
@@ -161,19 +164,27 @@ class Runs:
         if run.announced_attempt != run.attempt:
             # Once per worker: a tool round continues on the same one without a new `meta`.
             run.announced_attempt = run.attempt
-            await sync_to_async(services.generation_mark_running)(
-                generation_id=job.generation_id, worker_id=view.id, attempt=run.attempt
+            # Postgres learns of it while the worker reads the prompt: no database round trip
+            # stands between admission and the first token.
+            await self._admission_recorded(run)
+            run.admission = asyncio.ensure_future(
+                sync_to_async(services.generation_mark_running)(
+                    generation_id=job.generation_id, worker_id=view.id, attempt=run.attempt
+                )
             )
-            await self.redis.set(
-                queue.affinity_key(job.conversation_id),
-                view.id,
-                ex=settings.SCHEDULER_AFFINITY_TTL_SECONDS,
-            )
-            await self.writer.event(
-                job.generation_id,
-                StreamEvent.META,
-                MetaData(status="running", worker=view.name, attempt=run.attempt),
-            )
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.set(
+                    queue.affinity_key(job.conversation_id),
+                    view.id,
+                    ex=settings.SCHEDULER_AFFINITY_TTL_SECONDS,
+                )
+                self.writer.queue_event(
+                    pipe,
+                    job.generation_id,
+                    StreamEvent.META,
+                    MetaData(status="running", worker=view.name, attempt=run.attempt),
+                )
+                await pipe.execute()
         if not run.messages:
             run.messages = list(job.messages)
         # A forced call is the first round's; the rounds after it let the model choose.
@@ -299,7 +310,7 @@ class Runs:
             return False
         others = await self.capacity.candidates(run.job.pool, exclude=run.tried)
         for view in await self.capacity.place(run.job, others):
-            if await self.capacity.acquire(view, gid):
+            if await self.capacity.acquire(view, gid, tokens=run.job.kv_tokens):
                 run.worker = view
                 run.tried.add(view.id)
                 run.attempt += 1
@@ -312,6 +323,21 @@ class Runs:
                 return True
         return False
 
+    async def _admission_recorded(self, run: Run) -> None:
+        """Wait for the write of the run's admission, if one is under way; its failure is
+        logged (the finish writes the final state whatever happened to it)."""
+        if run.admission is None:
+            return
+        task, run.admission = run.admission, None
+        try:
+            await asyncio.shield(task)
+        except asyncio.CancelledError:
+            # Cancelled while waiting: the write goes on, and the finish must come after it.
+            await asyncio.wait([task])
+            raise
+        except Exception:
+            logger.exception("could not record the admission of %s", run.job.generation_id)
+
     async def _finish(
         self,
         run: Run,
@@ -320,6 +346,7 @@ class Runs:
         error_code: str = "",
         error_message: str = "",
     ) -> None:
+        await self._admission_recorded(run)
         window = run.moderation
         if window is not None and window.blocked is None:
             with contextlib.suppress(ContentBlocked):

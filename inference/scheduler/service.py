@@ -227,7 +227,7 @@ class Scheduler:
             fields = await self.redis.hgetall(queue.job_key(generation_id))
             job = queue.Job.from_fields({str(k): str(v) for k, v in fields.items()})
             for view in await self.capacity.place(job, candidates):
-                if await self.capacity.acquire(view, generation_id):
+                if await self.capacity.acquire(view, generation_id, tokens=job.kv_tokens):
                     run = self.runs.new(job, view)
                     task = asyncio.create_task(self._serve(run), name=f"gen-{generation_id}")
                     self.running[generation_id] = task

@@ -45,6 +45,13 @@ class StreamWriter:
     ) -> None:
         await self.redis.xadd(queue.stream_key(generation_id), entry_fields(event, data))
 
+    @staticmethod
+    def queue_event(
+        pipe: Any, generation_id: str, event: StreamEvent, data: Mapping[str, object]
+    ) -> None:
+        """The same `XADD`, as one command of the caller's pipeline."""
+        pipe.xadd(queue.stream_key(generation_id), entry_fields(event, data))
+
     async def retract(self, generation_id: str, payload: RetractData) -> str:
         """Tell every client to replace the text with a notice, and drop it from the stream."""
         return str(
