@@ -149,10 +149,24 @@ _METRICS = {
 }
 
 
+_WANTED = (*_METRICS, "vllm:cache_config_info")
+
+
+def _wanted_lines(text: str) -> str:
+    """The lines of the few families read here, with their `# TYPE` and `# HELP`: a worker's
+    /metrics is mostly histograms, which the parser would read every second for nothing."""
+    kept = []
+    for line in text.splitlines():
+        name = line.split(" ", 3)[2] if line.startswith("# ") and line.count(" ") >= 2 else line
+        if name.startswith(_WANTED):
+            kept.append(line)
+    return "\n".join(kept) + "\n"
+
+
 def parse_metrics(text: str) -> WorkerLoad:
     """Sum vLLM's gauges and counters over their labels (one model per worker here)."""
     load = WorkerLoad()
-    for family in text_string_to_metric_families(text):
+    for family in text_string_to_metric_families(_wanted_lines(text)):
         if family.name == "vllm:cache_config_info":
             # An info metric: the configuration is in its labels.
             for sample in family.samples[:1]:
