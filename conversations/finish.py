@@ -20,6 +20,7 @@ from inference.services import CONTENT_FILTER, generation_lock_unfinished
 from inference.tokens import count_tokens, pool_tokenizer
 
 from .models import Conversation, Message
+from .openai_api.unkept import unkept_listed
 from .tasks import title_request_after_answer
 
 _MESSAGE_STATUS = {
@@ -168,5 +169,9 @@ class ConversationHooks(InferenceHooks):
 
     def generation_finishing(self, *, generation: Generation, outcome: Outcome) -> None:
         status = answer_write(generation=generation, outcome=outcome)
+        if generation.conversation.source == Conversation.Source.API and unkept_listed(
+            conversation_id=generation.conversation_id
+        ):
+            return  # removed once answered: nobody will see a title
         # The first completed exchange gets its conversation a title, after commit.
         title_request_after_answer(conversation_id=generation.conversation_id, status=status)

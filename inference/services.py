@@ -172,7 +172,7 @@ def generation_lock_unfinished(generation_id: Any) -> Generation | None:
     """The generation, row-locked until the transaction ends, if it is not final yet."""
     return (
         Generation.objects.select_for_update(of=("self",))
-        .select_related("pool")
+        .select_related("pool", "conversation")
         .filter(pk=generation_id)
         .exclude(status__in=Generation.FINAL_STATUSES)
         .first()

@@ -143,6 +143,15 @@ def tools_for_user(*, user: AbstractBaseUser | AnonymousUser) -> list[ToolSpec]:
     return tools
 
 
+def plugin_tool_open_to(*, user: AbstractBaseUser, name: str) -> bool:
+    """Whether the user's plan may call the plugin tool `name` at all (switches aside)."""
+    plan = plan_for_user(user=user)  # type: ignore[arg-type]
+    return any(
+        state.open_to(plan) and any(tool.name == name for tool in state.loaded.plugin.tools)
+        for state in plugin_states().values()
+    )
+
+
 def conversation_tool_switches(*, conversation: Conversation) -> dict[str, bool]:
     """The user's on/off choices in a conversation, by tool name."""
     return dict(

@@ -31,6 +31,11 @@ def unkept_remember(*, conversation_id: Any) -> None:
     sync_redis().zadd(_key(), {str(conversation_id): queue.now_ms()})
 
 
+def unkept_listed(*, conversation_id: Any) -> bool:
+    """Whether the conversation is one of those to be removed once answered."""
+    return sync_redis().zscore(_key(), str(conversation_id)) is not None
+
+
 def unkept_discard(*, conversation_id: Any) -> bool:
     """Remove the conversation, leaving no tombstone, once none of its answers is in flight
     (their usage is settled by then); False, leaving it, while one still is."""
