@@ -1,8 +1,10 @@
 """The one way to a Redis client: every process and app reaches `settings.REDIS_URL` here.
 
-Replies are decoded to `str`. `sync_redis` and `async_redis` give a client of its own to
-whoever calls (close it when done); `shared_redis` gives the process's one pooled client, for
-code that calls Redis from many threads at once (the quota scripts on every request).
+Replies are decoded to `str`. `sync_redis()` and `shared_redis()` give the process's one
+pooled client (thread-safe; a command borrows a connection and gives it back), so a request
+that calls Redis several times opens no new connection for any of them; `sync_redis` with
+options (a socket timeout, say) and `async_redis` give a client of the caller's own (close
+it when done).
 """
 
 from __future__ import annotations
@@ -21,7 +23,10 @@ POOL_TIMEOUT_SECONDS = 10
 
 
 def sync_redis(**options: Any) -> Redis:
-    """A client of the caller's own; `options` go to redis-py (e.g. `socket_timeout`)."""
+    """The shared pooled client; with `options` (for redis-py, e.g. `socket_timeout`), a
+    client of the caller's own. Closing the shared one releases only what it holds."""
+    if not options:
+        return shared_redis()
     return Redis.from_url(settings.REDIS_URL, decode_responses=True, **options)
 
 

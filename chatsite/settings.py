@@ -128,10 +128,13 @@ DATABASE_URL = os.environ.get("DATABASE_URL", "")
 # Connections come from a pool in each process (psycopg's, through Django): a request, a
 # scheduler step or a task borrows one and gives it back when Django closes it, so nobody
 # pays for a new Postgres session (a backend process, authentication, set-up) per request.
-# DB_POOL_MAX_SIZE=0 turns the pool off (Celery's prefork children, which must not inherit
-# their parent's pool, run so). Persistent per-thread connections stay off: they leak under
-# ASGI, where sync code runs on whichever thread is free.
-DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 8)
+# The pool opens connections only as threads ask for them (an edge's or the scheduler's sync
+# code runs on one thread); the cap is for processes with many threads, each of which holds
+# its connection until Django closes it. DB_POOL_MAX_SIZE=0 turns the pool off (Celery's
+# prefork children, which must not inherit their parent's pool, run so). Persistent
+# per-thread connections stay off: they leak under ASGI, where sync code runs on whichever
+# thread is free.
+DB_POOL_MAX_SIZE = env_int("DB_POOL_MAX_SIZE", 32)
 if DATABASE_URL:
     DATABASES = {
         "default": dj_database_url.parse(DATABASE_URL, conn_max_age=0, conn_health_checks=True)

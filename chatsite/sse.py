@@ -1,6 +1,7 @@
 """Server-Sent Events over Redis Streams: the response, the wire format and the tail loop.
 
-Every stream the edge serves is a Redis Stream read with XREAD: a generation's events
+Every stream the edge serves is a Redis Stream, read by the process's one multiplexed reader
+(`chatsite.stream_hub`, one XREAD over all of them): a generation's events
 (`inference/api/stream.py`), a user's events (`conversations/api/events.py`) and, turned into
 OpenAI's chunks, the streamed `/v1` answers (`conversations/openai_api/views.py`). An entry's
 id is its SSE `id:`, so a client that reconnects with `Last-Event-ID` gets exactly what it
@@ -16,7 +17,7 @@ import logging
 import re
 from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -25,15 +26,13 @@ from django.http import HttpRequest, StreamingHttpResponse
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
-from chatsite.redis import async_redis
+from chatsite import stream_hub
 from chatsite.stream_events import TERMINAL_EVENTS
 
 logger = logging.getLogger(__name__)
 
 # A Redis Stream entry id, as clients send it back in Last-Event-ID.
 EVENT_ID = re.compile(r"^\d{1,20}-\d{1,20}$")
-# Entries read per round trip: bounds what one connection holds in memory at a time.
-READ_BATCH = 64
 HEARTBEAT = b": heartbeat\n\n"
 # An entry without a name is a plain SSE message, as EventSource calls an unnamed event.
 UNNAMED = "message"
@@ -86,32 +85,36 @@ def last_event_id(request: HttpRequest) -> str:
 
 
 def stream_redis() -> AsyncRedis:
-    """A client for one tailing response; close it with `aclose()` when the response ends."""
-    # The blocking read outlasts redis-py's default socket timeout unless told otherwise.
-    return async_redis(socket_timeout=settings.STREAM_HEARTBEAT_SECONDS + 10)
+    """A client for a response's own commands (besides reading its stream, which the hub
+    does), on the event loop's shared pool: `aclose()` it when the response ends."""
+    return stream_hub.hub().commands
 
 
 async def read(
-    redis: AsyncRedis, stream: str, last_id: str, *, until: Collection[str] = TERMINAL_EVENTS
+    stream: str, last_id: str, *, until: Collection[str] = TERMINAL_EVENTS
 ) -> AsyncGenerator[Entry | None, None]:
     """The entries of `stream` after `last_id`, then live, in order; None after each
-    heartbeat period in which nothing came. Ends after an event named in `until`. Redis errors
-    go to the caller."""
-    block_ms = settings.STREAM_HEARTBEAT_SECONDS * 1000
-    while True:
-        batches = cast(
-            list[tuple[str, list[tuple[str, dict[str, str]]]]],
-            await redis.xread({stream: last_id}, count=READ_BATCH, block=block_ms),
-        )
-        if not batches:
-            yield None
-            continue
-        for entry_id, fields in batches[0][1]:
-            last_id = entry_id
+    heartbeat period in which nothing came. Ends after an event named in `until`. Read by
+    the process's one multiplexed reader (`chatsite.stream_hub`); Redis errors, and
+    `stream_hub.Lagging` for a reader far behind, go to the caller."""
+    hub = stream_hub.hub()
+    subscription = await hub.subscribe(stream, last_id)
+    entries = stream_hub.stream_entries(
+        subscription, idle_seconds=settings.STREAM_HEARTBEAT_SECONDS
+    )
+    try:
+        async for item in entries:
+            if item is None:
+                yield None
+                continue
+            entry_id, fields = item
             entry = Entry(entry_id, fields.get("event") or UNNAMED, fields.get("data") or "{}")
             yield entry
             if entry.event in until:
                 return
+    finally:
+        hub.unsubscribe(subscription)
+        await entries.aclose()
 
 
 class Tail:
@@ -119,19 +122,17 @@ class Tail:
     event with its entry id, heartbeats while idle.
 
     `events()` ends after an event named in `until` (then `finished` is true), or when Redis
-    fails: the client reconnects with Last-Event-ID and loses nothing. The caller owns the
-    Redis client and closes it.
+    fails or the client falls far behind: the client reconnects with Last-Event-ID and loses
+    nothing.
     """
 
     def __init__(
         self,
-        redis: AsyncRedis,
         stream: str,
         last_id: str,
         *,
         until: Collection[str] = TERMINAL_EVENTS,
     ) -> None:
-        self.redis = redis
         self.stream = stream
         self.last_id = last_id
         self.until = until
@@ -142,7 +143,7 @@ class Tail:
         # request's thread opened (authentication, the lookup, middleware) must not.
         await sync_to_async(connections.close_all)()
         yield retry_field()
-        entries = read(self.redis, self.stream, self.last_id, until=self.until)
+        entries = read(self.stream, self.last_id, until=self.until)
         try:
             async with contextlib.aclosing(entries):
                 async for entry in entries:
@@ -154,3 +155,5 @@ class Tail:
                     self.finished = entry.event in self.until
         except RedisError:
             logger.warning("%s: Redis failed; ending the response", self.stream, exc_info=True)
+        except stream_hub.Lagging:
+            logger.info("%s: the client fell behind; ending the response", self.stream)

@@ -20,8 +20,8 @@ from inference.services import CONTENT_FILTER, generation_lock_unfinished
 from inference.tokens import count_tokens, pool_tokenizer
 
 from .models import Conversation, Message
-from .openai_api.unkept import unkept_listed
 from .tasks import title_request_after_answer
+from .unkept import unkept_listed
 
 _MESSAGE_STATUS = {
     Generation.Status.COMPLETE: Message.Status.COMPLETE,

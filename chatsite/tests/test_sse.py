@@ -82,7 +82,7 @@ async def test_the_tail_relays_from_after_the_last_id_to_the_terminal_event(
     second = await _add(redis, StreamEvent.DELTA, {"text": "a"})
     done = await _add(redis, StreamEvent.DONE, {"status": "complete"})
     await _add(redis, StreamEvent.DELTA, {"text": "after the end"})
-    tail = sse.Tail(redis, STREAM, first)
+    tail = sse.Tail(STREAM, first)
 
     chunks = [chunk async for chunk in tail.events()]
 
@@ -97,7 +97,7 @@ async def test_the_tail_relays_from_after_the_last_id_to_the_terminal_event(
 async def test_the_tail_beats_while_nothing_happens(
     redis: AsyncRedis, fast_heartbeat: None
 ) -> None:
-    tail = sse.Tail(redis, STREAM, "0-0")
+    tail = sse.Tail(STREAM, "0-0")
 
     async with contextlib.aclosing(tail.events()) as events:
         assert await anext(events) == b"retry: 1234\n\n"
@@ -112,7 +112,7 @@ async def test_a_stream_without_a_terminal_event_goes_on(
     redis: AsyncRedis, fast_heartbeat: None
 ) -> None:
     await _add(redis, StreamEvent.DONE, {})
-    entries = sse.read(redis, STREAM, "0-0", until=())
+    entries = sse.read(STREAM, "0-0", until=())
 
     async with contextlib.aclosing(entries):
         done = await anext(entries)
@@ -120,12 +120,11 @@ async def test_a_stream_without_a_terminal_event_goes_on(
         assert await anext(entries) is None  # a heartbeat period, not the end
 
 
-async def test_a_redis_failure_ends_the_response(fast_heartbeat: None) -> None:
-    broken = AsyncRedis.from_url("redis://127.0.0.1:1/0", decode_responses=True)
-    tail = sse.Tail(broken, STREAM, "0-0")
+async def test_a_redis_failure_ends_the_response(fast_heartbeat: None, settings: Any) -> None:
+    settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nobody listens there
+    tail = sse.Tail(STREAM, "0-0")
 
     chunks = [chunk async for chunk in tail.events()]
 
     assert chunks == [b"retry: 1234\n\n"]  # the client reconnects with Last-Event-ID
     assert not tail.finished
-    await broken.aclose()

@@ -43,7 +43,7 @@ async def user_event_stream(request: HttpRequest) -> HttpResponse | StreamingHtt
 
 async def _tail(redis: Any, stream: str, last_id: str) -> AsyncGenerator[bytes, None]:
     # A user's stream has no last event: it lasts as long as the page.
-    tail = sse.Tail(redis, stream, last_id, until=())
+    tail = sse.Tail(stream, last_id, until=())
     try:
         async with contextlib.aclosing(tail.events()) as events:
             async for chunk in events:

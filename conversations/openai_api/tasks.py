@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from celery import shared_task
 
-from .unkept import unkept_sweep
+from conversations.unkept import unkept_sweep
 
 
 @shared_task(ignore_result=True, soft_time_limit=50, time_limit=60)

@@ -36,6 +36,7 @@ from chatsite.auth import bearer_token
 from chatsite.errors import ServiceError
 from chatsite.stream_events import StreamEvent
 from conversations import turns
+from conversations.unkept import unkept_discard, unkept_remember
 from inference import queue
 from inference.models import Generation
 from inference.services import generation_cancel
@@ -43,7 +44,6 @@ from inference.services import generation_cancel
 from . import shapes
 from .errors import OpenAIError, from_generation_error, from_service_error
 from .parsing import ChatCompletionRequest, parse_chat_completion
-from .unkept import unkept_discard, unkept_remember
 
 logger = logging.getLogger(__name__)
 
@@ -195,10 +195,10 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
     return response
 
 
-def _events(redis: Any, generation_id: str) -> AsyncGenerator[sse.Entry | None, None]:
+def _events(generation_id: str) -> AsyncGenerator[sse.Entry | None, None]:
     """The generation's stream events from the first, then live, until `done`; None after
     each heartbeat period in which nothing happened."""
-    return sse.read(redis, queue.stream_key(generation_id), "0-0")
+    return sse.read(queue.stream_key(generation_id), "0-0")
 
 
 def _failure(answer: shapes.Answer) -> OpenAIError | None:
@@ -213,7 +213,7 @@ def _failure(answer: shapes.Answer) -> OpenAIError | None:
 async def _whole(redis: Any, started: _Started) -> HttpResponse:
     answer = shapes.Answer()
     try:
-        async with contextlib.aclosing(_events(redis, str(started.generation.pk))) as events:
+        async with contextlib.aclosing(_events(str(started.generation.pk))) as events:
             async for entry in events:
                 if entry is not None:
                     answer.apply(entry.event, entry.payload())
@@ -253,7 +253,7 @@ async def _streamed(
     sent = closed = False
     try:
         yield chunks.role()
-        async with contextlib.aclosing(_events(redis, str(started.generation.pk))) as events:
+        async with contextlib.aclosing(_events(str(started.generation.pk))) as events:
             async for entry in events:
                 if entry is None:
                     yield sse.HEARTBEAT
@@ -338,7 +338,7 @@ async def _discard_when_final(started: _Started) -> None:
     redis = sse.stream_redis()
     try:
         async with asyncio.timeout(settings.OPENAI_API_CANCEL_WAIT_SECONDS):
-            async with contextlib.aclosing(_events(redis, str(started.generation.pk))) as events:
+            async with contextlib.aclosing(_events(str(started.generation.pk))) as events:
                 async for entry in events:
                     if entry is not None and entry.event == StreamEvent.DONE:
                         break

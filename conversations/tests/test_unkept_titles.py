@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from conversations.models import Conversation
-from conversations.openai_api.unkept import unkept_remember
+from conversations.unkept import unkept_remember
 from inference import services
 from inference.models import Generation
 from inference.tests.fixtures import register_pool, send_turn

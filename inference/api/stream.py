@@ -115,7 +115,7 @@ def _stored_events(generation_id: UUID) -> bytes:
 async def _tail(redis: Any, generation: Generation, last_id: str) -> AsyncGenerator[bytes, None]:
     gid = str(generation.id)
     watchers = queue.key("watchers", gid)
-    tail = sse.Tail(redis, queue.stream_key(gid), last_id)
+    tail = sse.Tail(queue.stream_key(gid), last_id)
     await redis.incr(watchers)
     await redis.expire(watchers, settings.GENERATION_STREAM_TTL_SECONDS)
     await redis.hdel(queue.job_key(gid), "detached_ms")

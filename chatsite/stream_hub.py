@@ -1,0 +1,240 @@
+"""One reader per process of every Redis Stream the process's responses tail.
+
+Each response that relays a stream (a generation's events, a user's events, a streamed `/v1`
+answer) subscribes here with the id of the last entry it holds. The hub keeps one connection
+and one blocking `XREAD` over every stream somebody tails, each from the oldest position a
+subscriber of it still needs, and hands each entry to the subscribers that have not had it.
+A subscription to a stream not in the current read wakes it (`CLIENT UNBLOCK`), so the next
+read includes it at once. So a process holds one Redis connection for its streams however
+many clients it serves (and a bounded pool for the responses' other commands), and an idle
+stream costs a queue, not a connection and a pending read.
+
+A subscriber that falls far behind (its client reads slower than the answer streams) is let
+go with `Lagging`: its response ends and the client comes back with Last-Event-ID, which Redis
+still holds. A Redis failure ends every subscription with the error, the same way.
+
+There is one hub per event loop (`hub()`): Daphne runs one; tests run one per test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import weakref
+from dataclasses import dataclass, field
+from typing import Any, cast
+
+from django.conf import settings
+from redis.asyncio import BlockingConnectionPool
+from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import RedisError
+
+from chatsite.redis import async_redis
+
+logger = logging.getLogger(__name__)
+
+# Entries read per stream and round trip.
+READ_BATCH = 64
+# How long one XREAD waits when nothing happens; a new subscription cuts it short.
+BLOCK_MS = 5_000
+# Entries a subscriber may have waiting before it is let go (its client reconnects).
+MAX_BACKLOG = 2_048
+# The loop's pool for responses' own commands (watchers, clean-up): bounded, so connections
+# do not grow with the streams served either.
+COMMAND_CONNECTIONS = 16
+COMMAND_WAIT_SECONDS = 10
+
+
+class Lagging(Exception):
+    """The subscriber fell too far behind; its client should reconnect and catch up."""
+
+
+def entry_key(entry_id: str) -> tuple[int, int]:
+    milliseconds, _, sequence = entry_id.partition("-")
+    return int(milliseconds), int(sequence or 0)
+
+
+@dataclass(eq=False)
+class Subscription:
+    """One response's place in one stream, and the entries waiting for it."""
+
+    stream: str
+    last_id: str
+    queue: asyncio.Queue[tuple[str, dict[str, str]] | BaseException] = field(
+        default_factory=asyncio.Queue
+    )
+
+    @property
+    def position(self) -> tuple[int, int]:
+        return entry_key(self.last_id)
+
+
+class StreamHub:
+    """The multiplexed reader of one event loop (see the module's docstring)."""
+
+    def __init__(self) -> None:
+        self._subscriptions: dict[str, set[Subscription]] = {}
+        self._task: asyncio.Task[None] | None = None
+        self._reader: AsyncRedis | None = None
+        self._reader_id: int | None = None
+        self._pool: BlockingConnectionPool | None = None
+        # Bumped by every read; `_blocked` while one waits in Redis.
+        self._round = 0
+        self._blocked = False
+        self._waking: asyncio.Task[None] | None = None
+        self._waking_round = 0
+        self._stopping = False
+
+    @property
+    def commands(self) -> AsyncRedis:
+        """A client on this loop's shared pool (at most `COMMAND_CONNECTIONS`; a command
+        waits for a free one), for a response's other commands; its `aclose()` gives back
+        what it holds and leaves the pool open."""
+        if self._pool is None:
+            self._pool = BlockingConnectionPool.from_url(
+                settings.REDIS_URL,
+                decode_responses=True,
+                max_connections=COMMAND_CONNECTIONS,
+                timeout=COMMAND_WAIT_SECONDS,
+            )
+        return AsyncRedis(connection_pool=self._pool)
+
+    def streams(self) -> int:
+        return len(self._subscriptions)
+
+    async def subscribe(self, stream: str, last_id: str) -> Subscription:
+        """Entries of `stream` after `last_id` (an entry id) go to the subscription's queue."""
+        subscription = Subscription(stream, last_id)
+        subscribers = self._subscriptions.setdefault(stream, set())
+        subscribers.add(subscription)
+        if self._task is None or self._task.done() or self._stopping:
+            # No read is running, or the last one is closing: start one.
+            self._stopping = False
+            self._task = asyncio.ensure_future(self._run())
+            return subscription
+        unread = len(subscribers) == 1 or subscription.position < min(
+            s.position for s in subscribers if s is not subscription
+        )
+        # One wake per read, however many subscribe meanwhile: the next read has them all.
+        waking = self._waking is not None and not self._waking.done()
+        if unread and not (waking and self._waking_round == self._round):
+            self._waking_round = self._round
+            self._waking = asyncio.ensure_future(self._wake())
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        subscribers = self._subscriptions.get(subscription.stream)
+        if subscribers is None:
+            return
+        subscribers.discard(subscription)
+        if not subscribers:
+            # Left out of the next read; the current one may still return its entries.
+            del self._subscriptions[subscription.stream]
+
+    async def _wake(self) -> None:
+        """Cut the current read short so that the next one includes the new subscription.
+        The read may not have reached Redis yet: try again until it has, or has ended."""
+        started = self._round
+        while self._blocked and self._round == started and self._reader_id is not None:
+            try:
+                if await self.commands.client_unblock(self._reader_id):
+                    return
+            except RedisError:
+                return  # the reader fails too, and tells its subscribers
+            await asyncio.sleep(0.001)
+
+    async def _run(self) -> None:
+        try:
+            while self._subscriptions:
+                try:
+                    await self._read_once()
+                except RedisError as exc:
+                    logger.warning("reading the tailed streams failed: %s", exc)
+                    self._fail_all(exc)
+                    await self._close_reader()
+        finally:
+            # Before anything here awaits: a subscription from now on starts a new run.
+            self._stopping = True
+            self._blocked = False
+            await self._close_reader()
+
+    async def _read_once(self) -> None:
+        if self._reader is None:
+            # Its blocking read must not outlast the socket's own timeout.
+            self._reader = async_redis(
+                single_connection_client=True, socket_timeout=BLOCK_MS / 1000 + 10
+            )
+            self._reader_id = int(await self._reader.client_id())
+        positions: dict[Any, Any] = {
+            stream: min(subscribers, key=lambda s: s.position).last_id
+            for stream, subscribers in self._subscriptions.items()
+        }
+        self._round += 1
+        self._blocked = True
+        try:
+            reply = cast(
+                list[tuple[str, list[tuple[str, dict[str, str]]]]] | None,
+                await self._reader.xread(positions, count=READ_BATCH, block=BLOCK_MS),
+            )
+        finally:
+            self._blocked = False
+        for stream, entries in reply or ():
+            self._deliver(stream, entry_key(positions[stream]), entries)
+
+    def _deliver(
+        self, stream: str, read_from: tuple[int, int], entries: list[tuple[str, dict[str, str]]]
+    ) -> None:
+        """Entries read after `read_from` go to the subscribers at or past that position; one
+        that subscribed meanwhile from further back waits for the next read, which starts at
+        its position, so that it gets every entry in order and none is skipped."""
+        for subscription in list(self._subscriptions.get(stream, ())):
+            if subscription.position < read_from:
+                continue
+            for entry_id, fields in entries:
+                if entry_key(entry_id) <= subscription.position:
+                    continue
+                if subscription.queue.qsize() >= MAX_BACKLOG:
+                    self.unsubscribe(subscription)
+                    subscription.queue.put_nowait(Lagging(stream))
+                    break
+                subscription.queue.put_nowait((entry_id, fields))
+                subscription.last_id = entry_id
+
+    def _fail_all(self, exc: BaseException) -> None:
+        subscriptions = [s for group in self._subscriptions.values() for s in group]
+        self._subscriptions.clear()
+        for subscription in subscriptions:
+            subscription.queue.put_nowait(exc)
+
+    async def _close_reader(self) -> None:
+        reader, self._reader, self._reader_id = self._reader, None, None
+        if reader is not None:
+            with contextlib.suppress(RedisError, OSError):
+                await reader.aclose()
+
+
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StreamHub] = weakref.WeakKeyDictionary()
+
+
+def hub() -> StreamHub:
+    """The running event loop's hub."""
+    loop = asyncio.get_running_loop()
+    found = _hubs.get(loop)
+    if found is None:
+        found = _hubs[loop] = StreamHub()
+    return found
+
+
+async def stream_entries(subscription: Subscription, *, idle_seconds: float) -> Any:
+    """The subscription's entries as they come, None after each `idle_seconds` without one;
+    raises what ended it (a Redis error, `Lagging`)."""
+    while True:
+        try:
+            item = await asyncio.wait_for(subscription.queue.get(), timeout=idle_seconds)
+        except TimeoutError:
+            yield None
+            continue
+        if isinstance(item, BaseException):
+            raise item
+        yield item

@@ -1,0 +1,146 @@
+"""The multiplexed reader: one connection reads every tailed stream, each subscriber gets
+exactly the entries after its own position, a new stream is read at once, and a subscriber
+far behind is let go rather than held in memory."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis as AsyncRedis
+
+from chatsite import sse, stream_hub
+from chatsite.redis import async_redis
+from chatsite.stream_events import StreamEvent, entry_fields
+
+
+@pytest.fixture
+async def redis() -> AsyncIterator[AsyncRedis]:
+    client = async_redis()
+    yield client
+    await client.aclose()
+
+
+async def add(redis: AsyncRedis, stream: str, text: str) -> str:
+    return str(await redis.xadd(stream, entry_fields(StreamEvent.DELTA, {"text": text})))
+
+
+async def texts(entries: Any, count: int) -> list[str]:
+    got: list[str] = []
+    while len(got) < count:
+        entry = await asyncio.wait_for(anext(entries), timeout=10)
+        if entry is not None:
+            got.append(entry.payload()["text"])
+    return got
+
+
+async def connections(redis: AsyncRedis) -> int:
+    return len(await redis.client_list())
+
+
+async def test_many_streams_share_one_reading_connection(redis: AsyncRedis) -> None:
+    await add(redis, "hub:warm", "w")
+    warm = sse.read("hub:warm", "0-0", until=())
+    assert await texts(warm, 1) == ["w"]
+    before = await connections(redis)
+    readers = [sse.read(f"hub:{index}", "0-0", until=()) for index in range(50)]
+    waiting = [asyncio.ensure_future(texts(reader, 1)) for reader in readers]
+    await asyncio.sleep(0.2)
+    for index in range(50):
+        await add(redis, f"hub:{index}", str(index))
+    done = await asyncio.wait_for(asyncio.gather(*waiting), timeout=10)
+    assert done == [[str(index)] for index in range(50)]
+    # The hub's reader and its command pool, not a connection per stream.
+    assert await connections(redis) - before <= 2
+    assert stream_hub.hub().streams() == 51
+    for reader in [*readers, warm]:
+        await reader.aclose()
+    assert stream_hub.hub().streams() == 0
+
+
+async def test_a_new_stream_is_read_without_waiting_out_the_current_read(
+    redis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A read that nothing interrupts would wait a minute; the new subscription cuts it short.
+    monkeypatch.setattr(stream_hub, "BLOCK_MS", 60_000)
+    first = sse.read("hub:first", "0-0", until=())
+    pending = asyncio.ensure_future(anext(first))
+    await asyncio.sleep(0.3)  # the hub is now blocked reading only hub:first
+    await add(redis, "hub:second", "now")
+    second = sse.read("hub:second", "0-0", until=())
+    assert await texts(second, 1) == ["now"]
+    pending.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await pending
+    await first.aclose()
+    await second.aclose()
+
+
+async def test_subscribers_of_one_stream_each_get_what_follows_their_position(
+    redis: AsyncRedis,
+) -> None:
+    a = await add(redis, "hub:shared", "a")
+    await add(redis, "hub:shared", "b")
+    ahead = sse.read("hub:shared", a, until=())
+    assert await texts(ahead, 1) == ["b"]
+    behind = sse.read("hub:shared", "0-0", until=())
+    assert await texts(behind, 2) == ["a", "b"]
+    await add(redis, "hub:shared", "c")
+    assert await texts(ahead, 1) == ["c"]
+    assert await texts(behind, 1) == ["c"]
+    await ahead.aclose()
+    await behind.aclose()
+
+
+async def test_a_subscriber_far_behind_is_let_go(
+    redis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stream_hub, "MAX_BACKLOG", 3)
+    for index in range(10):
+        await add(redis, "hub:fast", str(index))
+    subscription = await stream_hub.hub().subscribe("hub:fast", "0-0")
+    entries = stream_hub.stream_entries(subscription, idle_seconds=5)
+    with pytest.raises(stream_hub.Lagging):
+        async for _ in entries:
+            pass
+    assert stream_hub.hub().streams() == 0
+
+
+async def test_a_subscription_made_while_the_last_reader_closes_is_read(
+    redis: AsyncRedis,
+) -> None:
+    await add(redis, "hub:once", "x")
+    once = sse.read("hub:once", "0-0", until=())
+    assert await texts(once, 1) == ["x"]
+    await once.aclose()  # the hub has nobody left and winds down
+    await add(redis, "hub:again", "y")
+    again = sse.read("hub:again", "0-0", until=())
+    assert await texts(again, 1) == ["y"]
+    await again.aclose()
+
+
+async def test_a_subscriber_from_further_back_misses_nothing_the_current_read_returns(
+    redis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async def no_wake(self: stream_hub.StreamHub) -> None:
+        return None
+
+    # The current read is not cut short: it returns entry 5, read from after entry 4, while
+    # the resumed subscriber still needs 2, 3 and 4 first.
+    monkeypatch.setattr(stream_hub.StreamHub, "_wake", no_wake)
+    ids = [await add(redis, "hub:resume", str(index)) for index in range(5)]
+    live = sse.read("hub:resume", ids[-1], until=())
+    pending = asyncio.ensure_future(texts(live, 1))
+    await asyncio.sleep(0.3)  # reading hub:resume after entry 4
+    # A client comes back from entry 1 while that read waits, then entry 5 arrives.
+    resumed = sse.read("hub:resume", ids[1], until=())
+    first = asyncio.ensure_future(texts(resumed, 4))
+    await asyncio.sleep(0)
+    await add(redis, "hub:resume", "5")
+    assert await asyncio.wait_for(first, timeout=10) == ["2", "3", "4", "5"]
+    assert await asyncio.wait_for(pending, timeout=10) == ["5"]
+    await live.aclose()
+    await resumed.aclose()
