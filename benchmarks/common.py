@@ -98,3 +98,17 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
+
+
+def service_env() -> dict[str, str]:
+    """The environment of the edge and scheduler processes a benchmark starts."""
+    return {
+        **os.environ,
+        "DEBUG": "0",
+        "INFERENCE_WORKERS": "",
+        # Latency under load is measured, not turned into rejections.
+        "SCHEDULER_MAX_QUEUE_SECONDS": "600",
+        # Every request comes from one address: the per-address abuse limit would refuse them.
+        "RATE_LIMIT_MESSAGE_POST": "1000000/m",
+        "LOG_LEVEL": "WARNING",
+    }

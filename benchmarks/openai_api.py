@@ -52,7 +52,14 @@ import openai
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import django_start, free_port, percentile, prepare_stores, render  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    django_start,
+    free_port,
+    percentile,
+    prepare_stores,
+    render,
+    service_env,
+)
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_oaibench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/11"
@@ -376,16 +383,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     connections.close_all()
 
     logs = Path(tempfile.mkdtemp(prefix="openai-bench-"))
-    env = {
-        **os.environ,
-        "DEBUG": "0",
-        "INFERENCE_WORKERS": "",
-        # Latency under load is measured, not turned into rejections.
-        "SCHEDULER_MAX_QUEUE_SECONDS": "600",
-        # Every request comes from one address: the per-address abuse limit would refuse them.
-        "RATE_LIMIT_MESSAGE_POST": "1000000/m",
-        "LOG_LEVEL": "WARNING",
-    }
+    env = service_env()
     port = free_port()
     edge = start(
         [

@@ -57,7 +57,14 @@ import openai
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import django_start, free_port, percentile, prepare_stores, render  # noqa: E402
+from benchmarks.common import (  # noqa: E402
+    django_start,
+    free_port,
+    percentile,
+    prepare_stores,
+    render,
+    service_env,
+)
 from benchmarks.openai_api import (  # noqa: E402
     Level,
     Sample,
@@ -508,16 +515,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     connections.close_all()
 
     logs = Path(tempfile.mkdtemp(prefix="overhead-bench-"))
-    env = {
-        **os.environ,
-        "DEBUG": "0",
-        "INFERENCE_WORKERS": "",
-        # Latency under load is measured, not turned into rejections.
-        "SCHEDULER_MAX_QUEUE_SECONDS": "600",
-        # Every request comes from one address: the per-address abuse limit would refuse them.
-        "RATE_LIMIT_MESSAGE_POST": "1000000/m",
-        "LOG_LEVEL": "WARNING",
-    }
+    env = service_env()
     ports = [free_port() for _ in range(args.edges)]
     daphne = str(Path(sys.executable).parent / "daphne")
     edges = [
