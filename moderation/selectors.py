@@ -11,7 +11,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.cache import cache
-from django.db.models import Q
+from django.db.models import Case, Q, Value, When
 from django.utils import timezone
 
 from .categories import CATEGORIES
@@ -89,11 +89,13 @@ def active_sanctions(*, now: datetime | None = None) -> Q:
 
 def sanction_in_force(*, user_id: Any) -> Sanction | None:
     """The sanction that stops the user sending now (a ban before a suspension), if any."""
-    sanctions = Sanction.objects.filter(active_sanctions(), user_id=user_id)
-    ban = sanctions.filter(kind=Sanction.Kind.BAN).first()
-    if ban is not None:
-        return ban
-    return sanctions.order_by("-ends_at").first()
+    # One statement on every send: bans first, then the suspension that ends last.
+    return (
+        Sanction.objects.filter(active_sanctions(), user_id=user_id)
+        .annotate(not_a_ban=Case(When(kind=Sanction.Kind.BAN, then=Value(0)), default=Value(1)))
+        .order_by("not_a_ban", "-ends_at", "pk")
+        .first()
+    )
 
 
 def warnings_unseen(*, user: Any) -> list[Sanction]:
