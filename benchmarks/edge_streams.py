@@ -85,8 +85,8 @@ from benchmarks.common import django_start, free_port, percentile, prepare_store
 from chatsite.stream_events import StreamEvent, entry_fields
 
 # How the edge frames the two events this benchmark looks for.
-DELTA_LINE = f"\nevent: {StreamEvent.DELTA}\n".encode()
-META_LINE = f"\nevent: {StreamEvent.META}\n".encode()
+DELTA_EVENT = StreamEvent.DELTA.value.encode()
+META_EVENT = StreamEvent.META.value.encode()
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -496,14 +496,18 @@ class Stream:
     def _event(self, block: bytes, received_ns: int) -> None:
         if block.startswith(b":"):
             self.heartbeats += 1
-        elif DELTA_LINE in block:
-            data = json.loads(block[block.index(b"\ndata: ") + 7 :])
+            return
+        # An event's fields in whatever order they come (the edge sends `id:` last).
+        fields = dict(line.split(b": ", 1) for line in block.split(b"\n") if b": " in line)
+        event = fields.get(b"event")
+        if event == DELTA_EVENT:
+            data = json.loads(fields[b"data"])
             self.delays_ns.append(received_ns - int(data["t"]))
             self.delivered += 1
             if data["seq"] != self.next_seq:
                 self.misordered += 1
             self.next_seq = int(data["seq"]) + 1
-        elif META_LINE in block:
+        elif event == META_EVENT:
             # The stream's first entry, replayed: the view now tails the stream live.
             self.ready.set()
 
