@@ -38,6 +38,8 @@ logger = logging.getLogger(__name__)
 READ_BATCH = 64
 # How long one XREAD waits when nothing happens; a new subscription cuts it short.
 BLOCK_MS = 5_000
+# After a read that returned entries, how long the next one waits to be sent.
+GATHER_SECONDS = 0.005
 # Entries a subscriber may have waiting before it is let go (its client reconnects).
 MAX_BACKLOG = 2_048
 # The loop's pool for responses' own commands (watchers, clean-up): bounded, so connections
@@ -181,6 +183,11 @@ class StreamHub:
             self._blocked = False
         for stream, entries in reply or ():
             self._deliver(stream, entry_key(positions[stream]), entries)
+        if reply:
+            # Busy: let a few milliseconds of entries gather, so that one read of every
+            # tailed stream carries many of them rather than one (the scheduler sends a
+            # stream's tokens every 50 ms anyway).
+            await asyncio.sleep(GATHER_SECONDS)
 
     def _deliver(
         self, stream: str, read_from: tuple[int, int], entries: list[tuple[str, dict[str, str]]]
@@ -229,12 +236,18 @@ def hub() -> StreamHub:
 async def stream_entries(subscription: Subscription, *, idle_seconds: float) -> Any:
     """The subscription's entries as they come, None after each `idle_seconds` without one;
     raises what ended it (a Redis error, `Lagging`)."""
+    queue = subscription.queue
     while True:
-        try:
-            item = await asyncio.wait_for(subscription.queue.get(), timeout=idle_seconds)
-        except TimeoutError:
-            yield None
-            continue
+        if queue.empty():
+            try:
+                # A timer only when there is nothing to hand on (wait_for would cost a task).
+                async with asyncio.timeout(idle_seconds):
+                    item = await queue.get()
+            except TimeoutError:
+                yield None
+                continue
+        else:
+            item = queue.get_nowait()
         if isinstance(item, BaseException):
             raise item
         yield item
