@@ -3,41 +3,21 @@ the edge sends (it once stopped seeing events when their `id:` field moved to th
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
-from django.conf import settings
-
-ROOT = Path(__file__).resolve().parents[2]
+from .support import run_benchmark
 
 
 def test_the_edge_streams_benchmark_delivers_every_event(tmp_path: Path) -> None:
-    database = settings.DATABASES["default"]
-    env = {
-        **os.environ,
-        # Its own database and Redis db, as the benchmark insists (it flushes the Redis db).
-        "DATABASE_URL": (
-            f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}"
-            f"/{database['NAME']}_edge_smoke_bench"
-        ),
-        "REDIS_URL": settings.REDIS_URL.rsplit("/", 1)[0] + "/14",
-    }
-    done = subprocess.run(  # noqa: S603 (our own command line)
+    done = run_benchmark(
+        "edge_streams.py",
         [
-            sys.executable,
-            "benchmarks/edge_streams.py",
             *("--streams", "5", "--rate", "5", "--seconds", "1", "--ramp", ""),
             *("--budget", "60", "--results-dir", str(tmp_path)),
         ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        database_suffix="_edge_smoke_bench",
+        redis_db=14,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = next(tmp_path.glob("edge_streams-*.txt")).read_text()

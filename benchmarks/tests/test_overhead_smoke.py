@@ -3,49 +3,30 @@ benchmark keeps working: every side answers, and its table is read back."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from django.conf import settings
 
 from inference.tests.fixtures import RealWorker
 
-pytestmark = pytest.mark.e2e
+from .support import run_benchmark
 
-ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.e2e
 
 
 def test_the_overhead_benchmark_measures_every_side(
     real_workers: list[RealWorker], tmp_path: Path
 ) -> None:
-    database = settings.DATABASES["default"]
-    env = {
-        **os.environ,
-        # Its own database and Redis db, as the benchmark insists (it flushes the Redis db).
-        "DATABASE_URL": (
-            f"postgres://{database['USER']}@{database['HOST']}:{database['PORT']}"
-            f"/{database['NAME']}_overhead_smoke_bench"
-        ),
-        "REDIS_URL": settings.REDIS_URL.rsplit("/", 1)[0] + "/13",
-    }
-    done = subprocess.run(  # noqa: S603 (our own command line)
+    done = run_benchmark(
+        "overhead.py",
         [
-            sys.executable,
-            "benchmarks/overhead.py",
             *("--workers", real_workers[0].url),
             *("--concurrency", "1", "--rounds", "1", "--min-requests", "1"),
             *("--max-tokens", "4", "--results", str(tmp_path), "--profile", str(tmp_path)),
         ],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-        check=False,
+        database_suffix="_overhead_smoke_bench",
+        redis_db=13,
     )
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     report = next(tmp_path.glob("overhead-*.txt")).read_text()
