@@ -1,6 +1,12 @@
 """The default backend: offline, on the CPU. `alt-profanity-check` (a linear model shipped in
-its wheel) scores profanity, and harassment where the text addresses someone; rule lists
-(built in, from settings, and staff's in admin) score every category."""
+its wheel, evaluated by `profanity.ProfanityModel`) scores profanity, and harassment where the
+text addresses someone; rule lists (built in, from settings, and staff's in admin) score every
+category.
+
+A text's score in a category is the highest of the model's and of every rule that matches, so
+rules of one category and score are searched as one alternation (`RuleSet`): 73 built-in
+rules become 31 searches per variant of the text.
+"""
 
 from __future__ import annotations
 
@@ -8,6 +14,7 @@ import logging
 import re
 import threading
 import time
+from dataclasses import dataclass
 
 from django.conf import settings
 
@@ -15,6 +22,7 @@ from moderation import selectors
 from moderation.categories import Category
 from moderation.rules import BUILTIN_RULES, CompiledRule, compile_rule, deobfuscate, normalise
 
+from . import profanity
 from .base import Classifier, Scores
 
 logger = logging.getLogger(__name__)
@@ -28,10 +36,47 @@ UNADDRESSED_WEIGHT = 0.5
 RULES_REFRESH_SECONDS = 5.0
 
 
-def _profanity_scores(texts: list[str]) -> list[float]:
-    from profanity_check import predict_prob  # imported late: it loads scikit-learn
+@dataclass(frozen=True)
+class RuleSet:
+    """Rules as searches: one per (category, score) for the rules an alternation keeps
+    exact, one per rule for the others (references to a group, whose number an alternation
+    would shift, named groups, flags of their own), highest score first."""
 
-    return [float(p) for p in predict_prob(texts)]
+    searches: tuple[tuple[str, float, re.Pattern[str]], ...]
+
+    @classmethod
+    def of(cls, rules: tuple[CompiledRule, ...]) -> RuleSet:
+        merged: dict[tuple[str, float], list[str]] = {}
+        alone: list[tuple[str, float, re.Pattern[str]]] = []
+        for rule in rules:
+            pattern = rule.pattern
+            if (
+                pattern.groupindex
+                or pattern.flags != _MERGEABLE_FLAGS
+                or _REFERENCE.search(pattern.pattern)
+            ):
+                alone.append((rule.category, rule.score, pattern))
+            else:
+                merged.setdefault((rule.category, rule.score), []).append(pattern.pattern)
+        searches = alone + [
+            (category, score, re.compile("|".join(f"(?:{p})" for p in patterns), re.IGNORECASE))
+            for (category, score), patterns in merged.items()
+        ]
+        return cls(tuple(sorted(searches, key=lambda search: -search[1])))
+
+    def score(self, scores: Scores, variants: set[str]) -> None:
+        """Raise each category in `scores` to the highest score of a rule that matches."""
+        for category, score, pattern in self.searches:
+            if scores.get(category, 0.0) >= score:
+                continue
+            if any(pattern.search(variant) for variant in variants):
+                scores[category] = score
+
+
+# What may refer to a group by number or name: \1, (?P=name), (?(1)...). A false alarm only
+# keeps the rule a search of its own.
+_REFERENCE = re.compile(r"\\[1-9]|\(\?P=|\(\?\(")
+_MERGEABLE_FLAGS = re.compile("", re.IGNORECASE).flags
 
 
 class LocalClassifier(Classifier):
@@ -43,6 +88,7 @@ class LocalClassifier(Classifier):
         self._lock = threading.Lock()
         self._static = self._static_rules()
         self._staff: tuple[CompiledRule, ...] = ()
+        self._rule_set = RuleSet.of(self._static)
         self._staff_version: str | None = None
         self._checked_at = 0.0
 
@@ -76,31 +122,30 @@ class LocalClassifier(Classifier):
         staff = selectors.compiled_staff_rules()
         with self._lock:
             self._staff, self._staff_version, self._checked_at = tuple(staff), version, now
+            self._rule_set = RuleSet.of(self._static + self._staff)
 
-    def rules(self) -> tuple[CompiledRule, ...]:
+    def rule_set(self) -> RuleSet:
         with self._lock:
-            return self._static + self._staff
+            return self._rule_set
 
     def classify(self, text: str) -> Scores:
         return self.classify_many([text])[0]
 
     def classify_many(self, texts: list[str]) -> list[Scores]:
-        """Score several texts at once (the profanity model is faster on a batch)."""
-        rules = self.rules()
+        """Score several texts."""
+        rule_set = self.rule_set()
+        scorer = profanity.model()
         results = []
-        for text, profanity in zip(texts, _profanity_scores(texts), strict=True):
+        for text in texts:
+            profanity_score = scorer.probability(text)
             normalised = normalise(text)
             variants = {normalised, deobfuscate(normalised)}
             addressed = bool(_ADDRESSED.search(normalised))
             scores: Scores = {
-                Category.PROFANITY: profanity,
-                Category.HARASSMENT: profanity
+                Category.PROFANITY: profanity_score,
+                Category.HARASSMENT: profanity_score
                 * (ADDRESSED_WEIGHT if addressed else UNADDRESSED_WEIGHT),
             }
-            for rule in rules:
-                if scores.get(rule.category, 0.0) >= rule.score:
-                    continue
-                if any(rule.pattern.search(variant) for variant in variants):
-                    scores[rule.category] = rule.score
+            rule_set.score(scores, variants)
             results.append({str(k): v for k, v in scores.items()})
         return results
