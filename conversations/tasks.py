@@ -37,7 +37,9 @@ _RETRY: dict[str, Any] = {
 @shared_task(soft_time_limit=90, time_limit=120, **_RETRY)
 def generate_title(conversation_id: str) -> str | None:
     """Name an untitled conversation after its first exchange (never over a user's title)."""
-    return titles.title_generate(conversation_id=conversation_id)
+    title = titles.title_generate(conversation_id=conversation_id)
+    _release(titles.title_pending_key(conversation_id))
+    return title
 
 
 @shared_task(soft_time_limit=240, time_limit=300, **_RETRY)
@@ -70,8 +72,16 @@ def title_request_after_answer(*, conversation_id: Any, status: str) -> None:
     ).exists()
     if not untitled:
         return
-    # Robust: a broker outage must not fail the answer that just finished.
-    transaction.on_commit(lambda: generate_title.delay(str(conversation_id)), robust=True)
+    conversation_id = str(conversation_id)
+
+    def _enqueue() -> None:
+        # One title task at a time: the next answer often finishes before the first title
+        # is written, and would ask the model again.
+        if _claim(titles.title_pending_key(conversation_id), "1", titles.PENDING_SECONDS):
+            generate_title.delay(conversation_id)
+
+    # Robust: a Redis or broker outage must not fail the answer that just finished.
+    transaction.on_commit(_enqueue, robust=True)
 
 
 def summary_request_if_needed(
@@ -86,18 +96,20 @@ def summary_request_if_needed(
     conversation_id, leaf_id = str(conversation.pk), str(leaf.pk)
 
     def _enqueue() -> None:
-        redis = sync_redis()
-        try:
-            claimed = redis.set(
-                summaries.summary_pending_key(conversation_id),
-                leaf_id,
-                nx=True,
-                ex=summaries.PENDING_SECONDS,
-            )
-        finally:
-            redis.close()
-        if claimed:
+        if _claim(
+            summaries.summary_pending_key(conversation_id), leaf_id, summaries.PENDING_SECONDS
+        ):
             summarise_branch.delay(conversation_id, leaf_id, budget_tokens)
 
     transaction.on_commit(_enqueue, robust=True)  # the turn stands even if Redis does not
     return True
+
+
+def _claim(key: str, value: str, seconds: int) -> bool:
+    """Mark a task pending under `key` unless one is already; True if this call did."""
+    return bool(sync_redis().set(key, value, nx=True, ex=seconds))
+
+
+def _release(key: str) -> None:
+    """Let the next request queue the task again."""
+    sync_redis().delete(key)

@@ -3,7 +3,8 @@
 The request goes out after the first answer completes (`tasks.title_request_after_answer`,
 called as the answer is finished, `conversations.finish`); the Celery task `tasks.generate_title`
 writes the title with a conditional UPDATE, so a title the user set meanwhile always wins,
-and tells the owner's open pages through their event stream.
+and tells the owner's open pages through their event stream. One task per conversation is
+pending at a time (`title_pending_key`, claimed when it is queued, released when it ends).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from inference import queue
+
 from . import small_model
 from .events import user_event_publish
 from .models import Conversation, Message
@@ -25,10 +28,16 @@ TITLE_INSTRUCTION = (
 )
 # How much of the first exchange the title prompt quotes.
 EXCERPT_CHARS = 1500
+# A pending title task's claim outlives its retries (time limit 120 s, backoff up to 120 s).
+PENDING_SECONDS = 900
 
 _PREFIX = re.compile(r"^\s*(?:title|subject|topic)\s*[:\-]\s*", re.IGNORECASE)
 # Quotes (straight and typographic), markdown marks, trailing punctuation, dashes, spaces.
 _EDGE_PUNCTUATION = "\"'`\u201c\u201d\u2018\u2019\u00ab\u00bb*_#.:;,!-\u2013\u2014 "
+
+
+def title_pending_key(conversation_id: Any) -> str:
+    return queue.key("title-pending", conversation_id)
 
 
 def clean_title(raw: str, *, max_chars: int | None = None) -> str:

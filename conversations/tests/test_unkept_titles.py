@@ -7,7 +7,9 @@ from typing import Any
 
 import pytest
 
+from chatsite.redis import sync_redis
 from conversations.models import Conversation
+from conversations.titles import title_pending_key
 from conversations.unkept import unkept_remember
 from inference import services
 from inference.models import Generation
@@ -32,6 +34,11 @@ def answer(user: Any, capture: Any, *, kept: bool) -> Conversation:
     Conversation.objects.filter(pk=turn.conversation.pk).update(source=Conversation.Source.API)
     if not kept:
         unkept_remember(conversation_id=turn.conversation.pk)
+    finish(turn, capture)
+    return turn.conversation
+
+
+def finish(turn: Any, capture: Any) -> None:
     with capture(execute=True):
         services.generation_finish(
             generation_id=turn.generation.id,
@@ -39,7 +46,6 @@ def answer(user: Any, capture: Any, *, kept: bool) -> Conversation:
             text="An answer.",
             finish_reason="stop",
         )
-    return turn.conversation
 
 
 def test_an_unkept_api_conversation_gets_no_title(
@@ -54,3 +60,17 @@ def test_a_kept_api_conversation_gets_its_title(
 ) -> None:
     conversation = answer(user, django_capture_on_commit_callbacks, kept=True)
     assert titled == [str(conversation.pk)]
+
+
+def test_answers_that_finish_before_the_title_is_written_ask_for_it_once(
+    user: Any, titled: list[str], django_capture_on_commit_callbacks: Any
+) -> None:
+    conversation = answer(user, django_capture_on_commit_callbacks, kept=True)
+    # The next turn's answer finishes while the first title task is still pending.
+    finish(send_turn(user, conversation=conversation), django_capture_on_commit_callbacks)
+    assert titled == [str(conversation.pk)]
+    # The task releases its claim when it ends (`tasks.generate_title`); here by hand, as if
+    # it had written nothing: the next answer in the untitled conversation asks again.
+    sync_redis().delete(title_pending_key(conversation.pk))
+    finish(send_turn(user, conversation=conversation), django_capture_on_commit_callbacks)
+    assert titled == [str(conversation.pk)] * 2
