@@ -112,3 +112,10 @@ def service_env() -> dict[str, str]:
         "RATE_LIMIT_MESSAGE_POST": "1000000/m",
         "LOG_LEVEL": "WARNING",
     }
+
+
+def edge_command(port: int, *, workers: int = 1) -> list[str]:
+    """The command line of one edge (`chatsite.edge`) on 127.0.0.1:`port`."""
+    from chatsite import edge
+
+    return edge.command(port, workers=workers)

@@ -1,8 +1,9 @@
 """One edge process under many SSE streams: how many it holds, how late events arrive, and
 what each stream costs.
 
-One Daphne process serves `GET /api/v1/generations/<id>/stream` (issue 4's benchmark). The
-script plays both the scheduler and the browsers:
+One edge process (`chatsite.edge`, or Daphne with `--server daphne`) serves
+`GET /api/v1/generations/<id>/stream` (issue 4's benchmark). The script plays both the
+scheduler and the browsers:
 
 - Rows: one user with an API key and one queued generation per stream. The first turn goes
   through `conversation_create` and `message_send`; the rest are bulk-created copies of it, so
@@ -14,7 +15,7 @@ script plays both the scheduler and the browsers:
   how many Redis and Postgres connections one stream holds.
 - Idle: N streams connected, no events, for two heartbeat periods (the edge runs with
   `STREAM_HEARTBEAT_SECONDS` = `--heartbeat`, 2 by default): every stream must still be open
-  and have had a heartbeat. Reported: Daphne's RSS (`/proc/<pid>/status` VmRSS) against its
+  and have had a heartbeat. Reported: the edge's RSS (`/proc/<pid>/status` VmRSS) against its
   RSS with no stream, its CPU (`/proc/<pid>/stat`) and open descriptors, and the connections
   on the benchmark's Redis database (`CLIENT LIST`) and Postgres database
   (`pg_stat_activity`), i.e. what each stream holds.
@@ -24,7 +25,7 @@ script plays both the scheduler and the browsers:
   before its pipeline is sent, and the client records arrival minus that. Reported: delay
   p50/p99/max, events sent and delivered (after a drain of up to `--drain-timeout` s; they
   must be equal), errors (failed or dropped connections, events out of order), and the CPU of
-  Daphne, Redis (`INFO cpu`) and this client over the phase. 20 events/s is the most the
+  the edge, Redis (`INFO cpu`) and this client over the phase. 20 events/s is the most the
   scheduler sends, as it coalesces tokens into ~50 ms deltas.
 - Ramp: idle streams in steps (`--ramp`), stopping at the first step that does not hold, at
   `--max`, at the open-file limit, or when the step would not fit in `--budget`.
@@ -81,7 +82,14 @@ if TYPE_CHECKING:
 
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import django_start, free_port, percentile, prepare_stores, render
+from benchmarks.common import (
+    django_start,
+    edge_command,
+    free_port,
+    percentile,
+    prepare_stores,
+    render,
+)
 from chatsite.stream_events import StreamEvent, entry_fields
 
 # How the edge frames the two events this benchmark looks for.
@@ -92,11 +100,12 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_edgebench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/10"
-# Connections opened at once: below Twisted's listen backlog (50), so no SYN is dropped and
-# no connect waits a second for its retransmission.
+SERVERS = ("uvicorn", "daphne")
+# Connections opened at once: below the listen backlog of Daphne's Twisted (50), so no SYN is
+# dropped and no connect waits a second for its retransmission.
 CONNECT_CONCURRENCY = 40
 CONNECT_TIMEOUT_SECONDS = 60
-# After the streams close, Daphne's connections are waited for until they are gone, or
+# After the streams close, the edge's connections are waited for until they are gone, or
 # their counts have not moved for this many half-second polls, or the timeout.
 TEARDOWN_SETTLED_POLLS = 16
 TEARDOWN_TIMEOUT_SECONDS = 90
@@ -108,7 +117,7 @@ WRITE_CHUNK = 50
 REDIS_RESERVE = 1000
 POSTGRES_RESERVE = 20
 WARM_UP_STREAMS = 10
-# Descriptors Daphne needs per stream (the client's socket and its own Redis connection),
+# Descriptors the edge needs per stream (the client's socket and its own Redis connection),
 # and what it needs besides.
 EDGE_FDS_PER_STREAM = 2
 EDGE_FDS_SPARE = 100
@@ -216,7 +225,7 @@ def create_generations(count: int) -> tuple[str, list[str]]:
 
 @dataclass
 class Edge:
-    """The Daphne process under test."""
+    """The edge process under test."""
 
     port: int
     process: subprocess.Popen[bytes]
@@ -227,9 +236,16 @@ class Edge:
         return self.process.pid
 
 
-def start_edge(log_dir: Path, *, heartbeat: int) -> Edge:
+def server_command(port: int, server: str) -> list[str]:
+    if server == "daphne":
+        daphne = str(Path(sys.executable).parent / "daphne")
+        return [daphne, "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"]
+    return edge_command(port)
+
+
+def start_edge(log_dir: Path, *, heartbeat: int, server: str) -> Edge:
     port = free_port()
-    log = log_dir / "daphne.log"
+    log = log_dir / "edge.log"
     env = {
         **os.environ,
         "DEBUG": "0",
@@ -239,14 +255,7 @@ def start_edge(log_dir: Path, *, heartbeat: int) -> Edge:
     }
     with log.open("wb") as out:
         process = subprocess.Popen(  # noqa: S603 (our own command line)
-            [
-                str(Path(sys.executable).parent / "daphne"),
-                "-b",
-                "127.0.0.1",
-                "-p",
-                str(port),
-                "chatsite.asgi:application",
-            ],
+            server_command(port, server),
             cwd=BASE_DIR,
             env=env,
             stdout=out,
@@ -261,7 +270,7 @@ def start_edge(log_dir: Path, *, heartbeat: int) -> Edge:
         except httpx.HTTPError:
             if process.poll() is not None or time.monotonic() > deadline:
                 stop_edge(edge)
-                fail(f"daphne did not start:\n{log.read_text()[-3000:]}")
+                fail(f"the edge did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
 
 
@@ -276,7 +285,7 @@ def stop_edge(edge: Edge) -> None:
 
 
 def raise_fd_limit() -> None:
-    """Lift the soft open-file limit to the hard one; Daphne inherits it."""
+    """Lift the soft open-file limit to the hard one; the edge inherits it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     if soft < hard:
         with contextlib.suppress(ValueError, OSError):
@@ -288,7 +297,7 @@ def fail(message: str) -> NoReturn:
 
 
 def _exit_on_sigterm(signum: int, frame: object) -> None:
-    # Turn SIGTERM into SystemExit so the `finally` that stops Daphne runs.
+    # Turn SIGTERM into SystemExit so the `finally` that stops the edge runs.
     raise SystemExit(128 + signum)
 
 
@@ -373,7 +382,7 @@ class Postgres:
 
 @dataclass
 class Meter:
-    """CPU of Daphne, Redis and this client over one phase."""
+    """CPU of the edge, Redis and this client over one phase."""
 
     pid: int
     redis: AsyncRedis
@@ -574,7 +583,7 @@ class Row:
     edge_fds: int | None = None
     edge_threads: int | None = None
     skipped: str = ""
-    # Redis and Postgres connections Daphne still held after the streams closed, and when
+    # Redis and Postgres connections the edge still held after the streams closed, and when
     # that was read (seconds after closing).
     kept_after_close: tuple[int, int, float] | None = None
     error_samples: list[str] = field(default_factory=list)
@@ -619,7 +628,7 @@ async def reset_streams(redis: AsyncRedis, generation_ids: Sequence[str]) -> Non
 
 
 async def wait_torn_down(bench: Bench, row: Row | None = None) -> None:
-    """Wait until Daphne has let go of the closed streams' Redis and Postgres connections,
+    """Wait until the edge has let go of the closed streams' Redis and Postgres connections,
     or until their counts stop falling; what it keeps is noted on `row` and becomes the new
     baseline, so the next phase counts only its own."""
     started = time.monotonic()
@@ -650,7 +659,7 @@ async def wait_torn_down(bench: Bench, row: Row | None = None) -> None:
 
 
 async def sample_edge(bench: Bench, row: Row, streams: Sequence[Stream]) -> None:
-    """Daphne's memory, descriptors and connections above the baseline, with `streams`
+    """The edge's memory, descriptors and connections above the baseline, with `streams`
     connected."""
     edge = sample_process(bench.edge.pid)
     row.rss_mib = edge.rss_kib / 1024
@@ -687,7 +696,7 @@ async def no_room(bench: Bench, count: int) -> str:
         )
     fds_free = (bench.fd_limit - EDGE_FDS_SPARE) // EDGE_FDS_PER_STREAM
     if count > fds_free:
-        return f"the open-file limit {bench.fd_limit} allows Daphne ~{fds_free:,} streams"
+        return f"the open-file limit {bench.fd_limit} allows the edge ~{fds_free:,} streams"
     return ""
 
 
@@ -907,7 +916,7 @@ LEGEND = [
     "delay: from just before the XADD's pipeline was sent to the client's read() of the bytes.",
     "drain s: from the last XADD until every event was in. events/s: delivered over the phase.",
     "CPU%: of one core over the phase (idle rows: over the hold, heartbeats only).",
-    "KiB/stream: Daphne's RSS above the baseline over the streams open. edge fds, threads,",
+    "KiB/stream: the edge's RSS above the baseline over the streams open. edge fds, threads,",
     "  Redis conns (this Redis db), PG conns (this database): above the baseline.",
 ]
 
@@ -993,13 +1002,14 @@ def machine() -> str:
 
 def versions(redis_version: str) -> str:
     packages = ", ".join(
-        f"{name} {metadata.version(name)}" for name in ("Django", "daphne", "Twisted", "redis")
+        f"{name} {metadata.version(name)}"
+        for name in ("Django", "uvicorn", "uvloop", "daphne", "Twisted", "redis")
     )
     return f"Python {platform.python_version()}, {packages}, Redis server {redis_version}"
 
 
 def last_traceback(log: Path, limit: int = 40) -> list[str]:
-    """The last traceback in Daphne's log."""
+    """The last traceback in the edge's log."""
     lines = log.read_text(errors="replace").splitlines()
     starts = [i for i, line in enumerate(lines) if line.startswith("Traceback")]
     return [line[:300] for line in lines[starts[-1] :][:limit]] if starts else []
@@ -1037,7 +1047,7 @@ def report(bench: Bench, rows: Sequence[Row], *, stop_reason: str, redis_version
     command = shlex.join([sys.executable, *sys.argv])
     held = [row.held for row in rows if row.phase != "active" and row.held == row.streams]
     lines = [
-        "Edge streams: one Daphne process serving GET /api/v1/generations/<id>/stream",
+        f"Edge streams: one {args.server} edge process serving GET /api/v1/generations/<id>/stream",
         f"Date: {datetime.now(UTC):%Y-%m-%d %H:%M:%S} UTC",
         f"Machine: {machine()}",
         f"Load average (1, 5, 15 min): {bench.load_at_start} at start, {load_average()} at end",
@@ -1052,13 +1062,13 @@ def report(bench: Bench, rows: Sequence[Row], *, stop_reason: str, redis_version
             f"(--max {args.max}); open-file limit {bench.fd_limit}"
         ),
         (
-            f"Baseline (no stream, after warm-up): Daphne RSS "
+            f"Baseline (no stream, after warm-up): the edge's RSS "
             f"{bench.baseline_rss_kib / 1024:.1f} MiB, {bench.baseline_fds} fds, "
             f"{bench.baseline_threads} threads. "
             f"Each of {WARM_UP_STREAMS} warm-up streams held {bench.redis_per_stream:.2f} "
             f"Redis and {bench.postgres_per_stream:.2f} Postgres connections"
             + (
-                f"; after they closed Daphne still held {bench.warm_up_kept[0]} Redis and "
+                f"; after they closed the edge still held {bench.warm_up_kept[0]} Redis and "
                 f"{bench.warm_up_kept[1]} Postgres connections (the new baseline)."
                 if bench.warm_up_kept and any(bench.warm_up_kept[:2])
                 else "."
@@ -1078,7 +1088,7 @@ def report(bench: Bench, rows: Sequence[Row], *, stop_reason: str, redis_version
         if row.kept_after_close and any(row.kept_after_close[:2]):
             redis, postgres, after = row.kept_after_close
             lines.append(
-                f"After closing {row.streams:,} streams, Daphne still held {redis:,} Redis and "
+                f"After closing {row.streams:,} streams, the edge still held {redis:,} Redis and "
                 f"{postgres:,} Postgres connections {after:.0f} s later."
             )
     for row in rows:
@@ -1089,7 +1099,7 @@ def report(bench: Bench, rows: Sequence[Row], *, stop_reason: str, redis_version
             per_event_us = 1e6 * row.edge_cpu_s / row.delivered
             events_per_core = 1e6 / per_event_us
             lines.append(
-                f"Active {row.streams:,}: Daphne spent {per_event_us:,.0f} us of CPU per "
+                f"Active {row.streams:,}: the edge spent {per_event_us:,.0f} us of CPU per "
                 f"delivered event; one core at that cost: {events_per_core:,.0f} events/s, "
                 f"i.e. {events_per_core / args.rate:,.0f} streams at {args.rate:g} events/s."
             )
@@ -1098,7 +1108,7 @@ def report(bench: Bench, rows: Sequence[Row], *, stop_reason: str, redis_version
             lines.append(f"error ({row.phase} {row.streams}): {sample}")
     tracebacks = bench.edge.log.read_text(errors="replace").count("Traceback")
     if tracebacks:
-        lines.append(f"Daphne logged {tracebacks:,} tracebacks; the last:")
+        lines.append(f"The edge logged {tracebacks:,} tracebacks; the last:")
         lines += [f"  {line}" for line in last_traceback(bench.edge.log)]
     return "\n".join(lines) + "\n"
 
@@ -1151,6 +1161,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default=600.0,
         help="seconds the whole run may take: a ramp step that would not fit is not run "
         "(default: 600)",
+    )
+    parser.add_argument(
+        "--server",
+        choices=SERVERS,
+        default="uvicorn",
+        help="the edge's server: the project's (uvicorn, `chatsite.edge`) or Daphne, which "
+        "served the edge before, to compare (default: uvicorn)",
     )
     parser.add_argument("--results-dir", type=Path, default=RESULTS_DIR)
     args = parser.parse_args(argv)
@@ -1209,7 +1226,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw_key, ids = create_generations(needed)
     print(f"  done in {time.monotonic() - created:.1f} s")
     with tempfile.TemporaryDirectory(prefix="edge-streams-") as log_dir:
-        edge = start_edge(Path(log_dir), heartbeat=args.heartbeat)
+        edge = start_edge(Path(log_dir), heartbeat=args.heartbeat, server=args.server)
         try:
             text = asyncio.run(
                 run(
@@ -1222,7 +1239,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 )
             )
         except BaseException:
-            print(f"Daphne's log:\n{edge.log.read_text()[-3000:]}", file=sys.stderr)
+            print(f"The edge's log:\n{edge.log.read_text()[-3000:]}", file=sys.stderr)
             raise
         finally:
             stop_edge(edge)

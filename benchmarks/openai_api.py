@@ -3,7 +3,7 @@
 The same prompts, streamed with the official `openai` client (`AsyncOpenAI`, one per side)
 at each concurrency level (`--concurrency`, default 1, 8 and 32 streams at once):
 
-- path: `POST /v1/chat/completions` on a real Daphne edge (started here), through the key
+- path: `POST /v1/chat/completions` on a real edge (`chatsite.edge`, started here), through the key
   check, the plan and quota reservation, input moderation, the Redis queue, a scheduler
   process (started here, `manage.py run_scheduler`) and its placement, to the workers;
 - direct: `POST /v1/chat/completions` straight to the workers, the requests spread over
@@ -54,6 +54,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import (  # noqa: E402
     django_start,
+    edge_command,
     free_port,
     percentile,
     prepare_stores,
@@ -385,18 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs = Path(tempfile.mkdtemp(prefix="openai-bench-"))
     env = service_env()
     port = free_port()
-    edge = start(
-        [
-            str(Path(sys.executable).parent / "daphne"),
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            "chatsite.asgi:application",
-        ],
-        logs / "daphne.log",
-        env,
-    )
+    edge = start(edge_command(port), logs / "edge.log", env)
     scheduler = start(
         [sys.executable, "manage.py", "run_scheduler", "--replica-id", "openai-bench"],
         logs / "scheduler.log",
@@ -404,7 +394,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     edge_url = f"http://127.0.0.1:{port}"
     try:
-        wait_up(f"{edge_url}/v1/models", edge, logs / "daphne.log")
+        wait_up(f"{edge_url}/v1/models", edge, logs / "edge.log")
         report = asyncio.run(measure(args, edge_url, raw_key, urls))
     finally:
         stop(edge)

@@ -5,7 +5,7 @@ streams at once), by three sides in alternating order (the order rotates per lev
 side always runs on a warmer machine):
 
 - direct: `POST /v1/chat/completions` straight to the workers, spread over them in turn;
-- v1: the same request to the service's `/v1/chat/completions` (a real Daphne edge, or
+- v1: the same request to the service's `/v1/chat/completions` (a real edge, or
   `--edges` of them behind the client's round robin, and a scheduler process, both started
   here), with the official `openai` client;
 - conversations: the conversation API as the web page uses it, with the user's API key: the
@@ -59,6 +59,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import (  # noqa: E402
     django_start,
+    edge_command,
     free_port,
     percentile,
     prepare_stores,
@@ -517,15 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs = Path(tempfile.mkdtemp(prefix="overhead-bench-"))
     env = service_env()
     ports = [free_port() for _ in range(args.edges)]
-    daphne = str(Path(sys.executable).parent / "daphne")
-    edges = [
-        start(
-            [daphne, "-b", "127.0.0.1", "-p", str(port), "chatsite.asgi:application"],
-            logs / f"daphne-{port}.log",
-            env,
-        )
-        for port in ports
-    ]
+    edges = [start(edge_command(port), logs / f"edge-{port}.log", env) for port in ports]
     scheduler = start(
         [sys.executable, "manage.py", "run_scheduler", "--replica-id", "overhead-bench"],
         logs / "scheduler.log",
@@ -543,7 +536,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     profile = profiler(args.profile, targets)
     try:
         for url, edge, port in zip(edge_urls, edges, ports, strict=True):
-            wait_up(f"{url}/v1/models", edge, logs / f"daphne-{port}.log")
+            wait_up(f"{url}/v1/models", edge, logs / f"edge-{port}.log")
         levels, facts = asyncio.run(measure(args, service, urls, profile))
     finally:
         for edge in edges:

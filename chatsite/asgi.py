@@ -1,4 +1,4 @@
-"""ASGI entry point: `daphne chatsite.asgi:application`.
+"""ASGI entry point, served by the edge (`python -m chatsite.edge`, uvicorn).
 
 HTTP (pages, the JSON API, SSE streams) goes to Django; Channels' router leaves room
 for other protocols without another process.

@@ -6,8 +6,9 @@ one process for the whole session, so that write can land while pytest-django tr
 test database at the end of the test, and the two deadlock. The live edge fixture
 (`inference/tests/fixtures.py`) asks `IN_FLIGHT_PATH` before the flush and waits for 0.
 
-Only the suite serves this module (`daphne chatsite.tests.edge_asgi:application`). The
-project's application is built when Daphne asks for `application`, not on import: the test
+Only the suite serves this module (`python -m chatsite.edge --application
+chatsite.tests.edge_asgi:application`). The project's application is built when the server
+asks for `application`, not on import: the test
 process imports this module for `IN_FLIGHT_PATH` and has Django set up already.
 """
 
@@ -61,7 +62,7 @@ class InFlightCounter:
         if self.disconnect_delay:
             receive = self._delay_disconnect(receive)
         # The count drops when the application's own task is done, not when this call
-        # returns: Daphne may cancel a call whose client left, and the application then still
+        # returns: a server may cancel a call whose client left, and the application then still
         # runs its `finally` blocks (and the threads they wait on) before it is done.
         task = asyncio.ensure_future(self.app(scope, receive, send))
         task.add_done_callback(lambda _: self._finished(path, counted))

@@ -1,5 +1,5 @@
 """Fixtures for the inference plane, loaded for the whole suite by the root conftest: pools,
-stand-in workers, in-process scheduler replicas, a live Daphne edge and real vLLM workers.
+stand-in workers, in-process scheduler replicas, a live edge and real vLLM workers.
 
 Live processes and the database flush. A transactional test ends with pytest-django
 truncating every table (the `_django_db_helper` fixture's teardown); a process or thread
@@ -43,6 +43,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import connection
 
+from chatsite import edge
 from chatsite.tests.edge_asgi import IN_FLIGHT_PATH, TASKS_PATH
 from inference import queue
 from inference.client import WorkerLoad, parse_metrics
@@ -261,7 +262,7 @@ def wait_for_sessions_to_end(application_name: str, *, within: float = 15.0) -> 
 
 @dataclass
 class LiveEdge:
-    """A real Daphne process serving the project against the test database."""
+    """A real edge process serving the project against the test database."""
 
     url: str
     process: subprocess.Popen[bytes]
@@ -330,7 +331,8 @@ class LiveEdge:
 
 
 def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
-    """Start Daphne on a free port against the test database; returns once it answers.
+    """Start an edge (`chatsite.edge`) on a free port against the test database; returns
+    once it answers.
 
     It serves the project through `chatsite.tests.edge_asgi`, which counts the requests in
     flight for `LiveEdge.wait_until_idle`.
@@ -345,21 +347,9 @@ def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
         "DEBUG": "0",
         **env_overrides,
     }
-    log = log_dir / f"daphne-{port}.log"
+    log = log_dir / f"edge-{port}.log"
     process = subprocess.Popen(  # noqa: S603 (our own command line)
-        [
-            str(Path(sys.executable).parent / "daphne"),
-            "-b",
-            "127.0.0.1",
-            "-p",
-            str(port),
-            # Daphne cancels an application its client left after this long; Django's handler
-            # has already cancelled it at the disconnect, and a second cancel would cut the
-            # shielded clean-up (`_detach`) loose from the count of what is in flight.
-            "--application-close-timeout",
-            "120",
-            "chatsite.tests.edge_asgi:application",
-        ],
+        edge.command(port, application="chatsite.tests.edge_asgi:application"),
         cwd=settings.BASE_DIR,
         env=env,
         stdout=log.open("wb"),
@@ -373,7 +363,7 @@ def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
             break
         except httpx.HTTPError:
             if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"daphne did not start:\n{log.read_text()[-3000:]}")
+                pytest.fail(f"the edge did not start:\n{log.read_text()[-3000:]}")
             time.sleep(0.2)
     return LiveEdge(url=url, process=process, application_name=application_name, log=log)
 
@@ -382,7 +372,7 @@ def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
 def _live_edge_process(
     django_db_setup: Any, django_db_blocker: Any, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[LiveEdge]:
-    """The one Daphne process of the session; tests reach it through `live_edge`."""
+    """The one edge process of the session; tests reach it through `live_edge`."""
     edge = start_edge(tmp_path_factory.mktemp("edge"))
     yield edge
     with django_db_blocker.unblock():

@@ -1,4 +1,4 @@
-"""The SSE edge, served by a real Daphne process: replay, resume, heartbeats, disconnects."""
+"""The SSE edge, served by a real edge process: replay, resume, heartbeats, disconnects."""
 
 from __future__ import annotations
 

@@ -1,0 +1,86 @@
+"""The edge process: uvicorn serving the project's ASGI application.
+
+    python -m chatsite.edge --port 8000 --workers 2
+
+One command starts the edge everywhere: `make run` (Procfile), the suite's live edge and the
+benchmarks. uvicorn runs on uvloop with the httptools parser; `--workers N` forks N processes
+that share the listening socket (default `EDGE_WORKERS`, else one per core), so a busy
+process does not hold up the others' requests. Every process serves every stream: each reads
+Redis through its own multiplexed reader (`chatsite.stream_hub`).
+
+In production, put the edge behind a proxy that terminates TLS and pass `--forwarded-allow-ips`
+with the proxy's address, so the client's address and scheme come from its headers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+APPLICATION = "chatsite.asgi:application"
+# On SIGTERM, the seconds open responses (streams last minutes) get before they are cut; the
+# clients reconnect with Last-Event-ID to another process and lose nothing.
+GRACEFUL_SECONDS = 5
+
+
+def default_workers() -> int:
+    return int(os.environ.get("EDGE_WORKERS") or os.cpu_count() or 1)
+
+
+def command(
+    port: int,
+    *,
+    host: str = "127.0.0.1",
+    workers: int = 1,
+    application: str = APPLICATION,
+) -> list[str]:
+    """The command line of an edge serving `application` on `host:port`."""
+    return [
+        sys.executable,
+        "-m",
+        "chatsite.edge",
+        *("--host", host, "--port", str(port), "--workers", str(workers)),
+        *("--application", application),
+    ]
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m chatsite.edge", description=__doc__)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=int(os.environ.get("EDGE_PORT") or 8000))
+    parser.add_argument("--workers", type=int, default=default_workers())
+    parser.add_argument("--application", default=APPLICATION)
+    parser.add_argument(
+        "--forwarded-allow-ips",
+        default=os.environ.get("EDGE_FORWARDED_ALLOW_IPS") or "127.0.0.1",
+        help="the proxies whose X-Forwarded-* headers are trusted",
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    import uvicorn
+
+    args = parse_args(argv)
+    os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+    uvicorn.run(
+        args.application,
+        host=args.host,
+        port=args.port,
+        workers=args.workers if args.workers > 1 else None,
+        loop="uvloop",
+        http="httptools",
+        lifespan="off",
+        access_log=False,
+        server_header=False,
+        forwarded_allow_ips=args.forwarded_allow_ips,
+        timeout_graceful_shutdown=GRACEFUL_SECONDS,
+        app_dir=str(Path(__file__).resolve().parent.parent),
+    )
+
+
+if __name__ == "__main__":
+    main()
