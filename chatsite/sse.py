@@ -19,7 +19,7 @@ from collections.abc import AsyncGenerator, AsyncIterator, Collection
 from dataclasses import dataclass
 from typing import Any
 
-from asgiref.sync import sync_to_async
+from asgiref.sync import SyncToAsync, sync_to_async
 from django.conf import settings
 from django.db import connections
 from django.http import HttpRequest, StreamingHttpResponse
@@ -84,6 +84,24 @@ def last_event_id(request: HttpRequest) -> str:
     return given
 
 
+def release_request_thread() -> None:
+    """Let the thread that ran this request's synchronous code (authentication, the
+    lookups) go, for a response that needs no more of it.
+
+    Django runs each request in an asgiref `ThreadSensitiveContext`, whose one-thread
+    executor lives until the response ends: an idle stream would hold an idle thread (its
+    stack and state, about a third of a stream's memory). The executor is dropped from
+    asgiref's table and shut down, as the context's exit would; synchronous code the
+    response still runs later gets a new thread.
+    """
+    context = SyncToAsync.thread_sensitive_context.get(None)
+    if context is None or getattr(context, "_executor", None) is not None:
+        return  # no context, or one whose executor its creator owns
+    executor = SyncToAsync.context_to_thread_executor.pop(context, None)
+    if executor is not None:
+        executor.shutdown(wait=False)
+
+
 def stream_redis() -> AsyncRedis:
     """A client for a response's own commands (besides reading its stream, which the hub
     does), on the event loop's shared pool: `aclose()` it when the response ends."""
@@ -140,8 +158,10 @@ class Tail:
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         # A stream may stay open for minutes or hours; the database connection that this
-        # request's thread opened (authentication, the lookup, middleware) must not.
+        # request's thread opened (authentication, the lookup, middleware) must not, nor
+        # the thread.
         await sync_to_async(connections.close_all)()
+        release_request_thread()
         yield retry_field()
         entries = read(self.stream, self.last_id, until=self.until)
         try:

@@ -13,7 +13,7 @@ A subscriber that falls far behind (its client reads slower than the answer stre
 go with `Lagging`: its response ends and the client comes back with Last-Event-ID, which Redis
 still holds. A Redis failure ends every subscription with the error, the same way.
 
-There is one hub per event loop (`hub()`): Daphne runs one; tests run one per test.
+There is one hub per event loop (`hub()`): an edge process runs one; tests run one per test.
 """
 
 from __future__ import annotations
@@ -66,10 +66,15 @@ class Subscription:
     queue: asyncio.Queue[tuple[str, dict[str, str]] | BaseException] = field(
         default_factory=asyncio.Queue
     )
+    # `last_id` as a comparable key, kept beside it (every read compares every stream's).
+    position: tuple[int, int] = (0, 0)
 
-    @property
-    def position(self) -> tuple[int, int]:
-        return entry_key(self.last_id)
+    def __post_init__(self) -> None:
+        self.position = entry_key(self.last_id)
+
+
+def _position(subscription: Subscription) -> tuple[int, int]:
+    return subscription.position
 
 
 class StreamHub:
@@ -168,10 +173,13 @@ class StreamHub:
                 single_connection_client=True, socket_timeout=BLOCK_MS / 1000 + 10
             )
             self._reader_id = int(await self._reader.client_id())
-        positions: dict[Any, Any] = {
-            stream: min(subscribers, key=lambda s: s.position).last_id
+        furthest_back = {
+            stream: min(subscribers, key=_position)
+            if len(subscribers) > 1
+            else next(iter(subscribers))
             for stream, subscribers in self._subscriptions.items()
         }
+        positions: dict[Any, Any] = {stream: s.last_id for stream, s in furthest_back.items()}
         self._round += 1
         self._blocked = True
         try:
@@ -182,7 +190,7 @@ class StreamHub:
         finally:
             self._blocked = False
         for stream, entries in reply or ():
-            self._deliver(stream, entry_key(positions[stream]), entries)
+            self._deliver(stream, furthest_back[stream].position, entries)
         if reply:
             # Busy: let a few milliseconds of entries gather, so that one read of every
             # tailed stream carries many of them rather than one (the scheduler sends a
@@ -195,18 +203,19 @@ class StreamHub:
         """Entries read after `read_from` go to the subscribers at or past that position; one
         that subscribed meanwhile from further back waits for the next read, which starts at
         its position, so that it gets every entry in order and none is skipped."""
+        keyed = [(entry_key(entry_id), entry_id, fields) for entry_id, fields in entries]
         for subscription in list(self._subscriptions.get(stream, ())):
             if subscription.position < read_from:
                 continue
-            for entry_id, fields in entries:
-                if entry_key(entry_id) <= subscription.position:
+            for key, entry_id, fields in keyed:
+                if key <= subscription.position:
                     continue
                 if subscription.queue.qsize() >= MAX_BACKLOG:
                     self.unsubscribe(subscription)
                     subscription.queue.put_nowait(Lagging(stream))
                     break
                 subscription.queue.put_nowait((entry_id, fields))
-                subscription.last_id = entry_id
+                subscription.last_id, subscription.position = entry_id, key
 
     def _fail_all(self, exc: BaseException) -> None:
         subscriptions = [s for group in self._subscriptions.values() for s in group]

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import threading
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from asgiref.sync import ThreadSensitiveContext, sync_to_async
 from django.test import RequestFactory
 from redis.asyncio import Redis as AsyncRedis
 
@@ -128,3 +132,27 @@ async def test_a_redis_failure_ends_the_response(fast_heartbeat: None, settings:
 
     assert chunks == [b"retry: 1234\n\n"]  # the client reconnects with Last-Event-ID
     assert not tail.finished
+
+
+async def test_a_tailing_response_lets_its_request_thread_go() -> None:
+    # As Django runs a request: its synchronous code on the thread of the request's context.
+    async with ThreadSensitiveContext():
+        request_thread = await sync_to_async(threading.current_thread)()
+        assert request_thread.is_alive()
+        sse.release_request_thread()
+        for _ in range(200):  # the thread ends once it sees the shutdown
+            if not request_thread.is_alive():
+                break
+            await asyncio.sleep(0.01)
+        assert not request_thread.is_alive()
+        # Synchronous code the response still runs gets a thread of its own.
+        later = await sync_to_async(threading.current_thread)()
+        assert later is not request_thread and later is not threading.main_thread()
+
+
+async def test_a_context_whose_executor_its_creator_owns_keeps_it() -> None:
+    with ThreadPoolExecutor(max_workers=1) as executor:
+        async with ThreadSensitiveContext(executor=executor):
+            first = await sync_to_async(threading.current_thread)()
+            sse.release_request_thread()
+            assert await sync_to_async(threading.current_thread)() is first
