@@ -1,4 +1,5 @@
-"""WSGI entry point, for tools that want one; production serves ASGI through Daphne."""
+"""WSGI entry point, for tools that want one; production serves ASGI through the edge
+(`python -m chatsite.edge`, uvicorn)."""
 
 import os
 

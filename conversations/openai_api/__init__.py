@@ -9,5 +9,5 @@ scheduler, output moderation, the usage ledger. Answers and errors come in OpenA
 - `errors` is OpenAI's error shape and the mapping of our error codes onto it;
 - `shapes` builds `chat.completion` and `chat.completion.chunk` objects from stream events;
 - `unkept` remembers conversations of keys that do not keep them until they are removed;
-- `views` are the async views (Daphne): they tail the generation's Redis Stream.
+- `views` are the async views (the uvicorn edge): they tail the generation's Redis Stream.
 """

@@ -1,5 +1,5 @@
-"""The `/v1` views: async, for Daphne, so a streamed answer holds no thread and no database
-connection while it lasts.
+"""The `/v1` views: async, for the ASGI edge, so a streamed answer holds no thread and no
+database connection while it lasts.
 
 Authentication is the API key alone (`Authorization: Bearer csk_...`): a session cookie never
 authenticates here, so there is no CSRF to check. The request is turned into a turn by

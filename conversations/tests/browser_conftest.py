@@ -1,6 +1,6 @@
 """Fixtures of the browser tests: Debian's Chromium driven by Playwright against the live stack.
 
-The stack is a real Daphne (`live_edge`) on the test database, a scheduler subprocess
+The stack is a real edge (`live_edge`) on the test database, a scheduler subprocess
 (Playwright's sync API owns the main thread's event loop, so the scheduler cannot run in it)
 and either the real vLLM workers or, where a test is about our page's handling of hostile or
 exactly known output, a stand-in worker that sends the text it is given.

@@ -1,5 +1,5 @@
 """The web chat in a real browser: headless Debian Chromium, driven by Playwright, against the
-running stack (a live Daphne, a scheduler process, and the real vLLM workers).
+running stack (a live edge, a scheduler process, and the real vLLM workers).
 
 A scripted stand-in worker replaces the model only where the test is about how our page
 handles exactly known or hostile output; queue states need no worker at all.

@@ -1,5 +1,5 @@
 """The web chat's moderation, tools and live sidebar in a real browser (headless Debian
-Chromium, driven by Playwright) against the running stack: a live Daphne, a scheduler process,
+Chromium, driven by Playwright) against the running stack: a live edge, a scheduler process,
 and the real vLLM workers or, where the test is about our side (an answer that turns bad, a
 tool call the tiny model cannot be relied on to make), a stand-in worker.
 

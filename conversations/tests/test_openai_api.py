@@ -1,5 +1,5 @@
 """The OpenAI-compatible API (`/v1`): request checks and error shapes in-process; whole and
-streamed answers through a live Daphne edge, an in-process scheduler and a stand-in worker,
+streamed answers through a live edge, an in-process scheduler and a stand-in worker,
 read with the official `openai` client. The same against real vLLM workers is in
 test_openai_api_e2e.py."""
 

@@ -1,5 +1,5 @@
 """The OpenAI-compatible API end to end, with the official `openai` package as the client:
-a live Daphne edge, a scheduler process and the real vLLM workers serving SmolLM2."""
+a live edge, a scheduler process and the real vLLM workers serving SmolLM2."""
 
 from __future__ import annotations
 

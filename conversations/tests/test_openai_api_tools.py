@@ -2,7 +2,7 @@
 `tool_choice` checked, the model's calls handed back as `tool_calls` (whole and streamed),
 the client's `tool` messages written to the branch and the answer continuing from them.
 
-The fast tests run a live Daphne edge, an in-process scheduler and a stand-in worker that
+The fast tests run a live edge, an in-process scheduler and a stand-in worker that
 answers with scripted calls; the last one (marker e2e) runs the real vLLM worker."""
 
 from __future__ import annotations
