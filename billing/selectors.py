@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db.models import Count, QuerySet, Sum
+from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
@@ -19,7 +19,7 @@ from inference.models import ModelPool
 from . import quota
 from .defaults import FREE_PLAN
 from .errors import ErrorCode
-from .models import Plan, PlanPool, Statement, UsageEvent
+from .models import Plan, PlanPool, Statement, Subscription, UsageEvent
 
 
 def default_plan() -> Plan:
@@ -46,8 +46,15 @@ def plan_for_user(*, user: User) -> Plan:
     cached: Plan | None = getattr(user, _PLAN_CACHE, None)
     if cached is not None:
         return cached
-    plans = Plan.objects.prefetch_related("plan_pools")
-    plan = plans.filter(subscriptions__user=user).first() or default_plan()
+    # One statement for both cases: the subscription's plan if there is one, else the default.
+    subscribed = Subscription.objects.filter(user=user, plan=OuterRef("pk"))
+    plan = (
+        Plan.objects.prefetch_related("plan_pools")
+        .annotate(subscribed=Exists(subscribed))
+        .filter(Q(subscribed=True) | Q(is_default=True))
+        .order_by("-subscribed", "pk")
+        .first()
+    ) or default_plan()
     setattr(user, _PLAN_CACHE, plan)
     return plan
 
