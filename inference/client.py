@@ -202,10 +202,12 @@ class OpenAICompatibleClient:
     def __init__(
         self, *, stall_seconds: float | None = None, first_token_seconds: float | None = None
     ) -> None:
-        # The stall detector: once a stream has begun, vLLM sends something every token, so
-        # no line for `stall` seconds means the worker hung. Before its first line a request
-        # may be waiting in vLLM's own queue behind a full batch; that wait is allowed
-        # `first_token` seconds (a worker that is down fails its health check long before).
+        # The stall detector (`_Watchdog`): once a stream has begun, vLLM sends something
+        # every token, so a worker that sends nothing on any of its streams for `stall`
+        # seconds has hung. One stream may well be silent longer while its worker serves the
+        # others (preempted, or behind higher-priority work on a full batch): that is allowed
+        # up to `first_token` seconds, as is the wait before its first line in vLLM's own
+        # queue (a worker that is down fails its health check long before).
         self.stall = (
             stall_seconds if stall_seconds is not None else settings.SCHEDULER_STALL_SECONDS
         )
@@ -220,6 +222,8 @@ class OpenAICompatibleClient:
             ),
             limits=httpx.Limits(max_connections=1000, max_keepalive_connections=100),
         )
+        # When each worker last sent a line on any stream (event-loop time).
+        self._heard: dict[str, float] = {}
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -281,25 +285,22 @@ class OpenAICompatibleClient:
                     )
                 finished = False
                 lines = response.aiter_lines()
-                wait = self.first_token
-                while True:
-                    try:
-                        async with asyncio.timeout(wait):
-                            line = await anext(lines)
-                    except StopAsyncIteration:
-                        break
-                    except TimeoutError:
-                        raise WorkerFault(
-                            FaultCode.WORKER_STALLED, f"no data from the worker for {wait:g} s"
-                        ) from None
-                    wait = self.stall
-                    if not line.startswith("data:"):
-                        continue
-                    payload = line[5:].strip()
-                    if payload == "[DONE]":
-                        finished = True
-                        break
-                    yield _parse_chunk(payload)
+                watchdog = _Watchdog(self, base_url)
+                try:
+                    while True:
+                        try:
+                            line = await watchdog.next(lines)
+                        except StopAsyncIteration:
+                            break
+                        if not line.startswith("data:"):
+                            continue
+                        payload = line[5:].strip()
+                        if payload == "[DONE]":
+                            finished = True
+                            break
+                        yield _parse_chunk(payload)
+                finally:
+                    watchdog.stop()
                 if not finished:
                     raise WorkerFault(
                         FaultCode.WORKER_DISCONNECTED, "the worker closed the stream early"
@@ -310,6 +311,71 @@ class OpenAICompatibleClient:
             ) from exc
         except httpx.HTTPError as exc:
             raise WorkerFault(FaultCode.WORKER_UNREACHABLE, f"{type(exc).__name__}: {exc}") from exc
+
+
+class _Watchdog:
+    """Fails a stream whose worker has gone quiet, with one timer per stream rather than one
+    per line: `next()` notes when the stream began to wait, and the timer, when it fires,
+    looks at how long it has waited and what its worker has sent meanwhile, then sleeps
+    again or gives up.
+
+    A waiting stream is given up after `first_token` seconds with nothing, or, once it has
+    begun, when its worker has sent nothing on any stream for `stall` seconds. Only the time
+    it waits for its worker counts, not the time its consumer spends elsewhere.
+    """
+
+    def __init__(self, client: OpenAICompatibleClient, base_url: str) -> None:
+        self.client = client
+        self.base_url = base_url
+        self.loop = asyncio.get_running_loop()
+        self.task = asyncio.current_task()
+        self.since = self.loop.time()  # when the current wait began
+        self.begun = False
+        self.waiting = False
+        self.gave_up: str | None = None
+        self.timer = self.loop.call_at(self.since + client.first_token, self._check)
+
+    async def next(self, lines: AsyncIterator[str]) -> str:
+        self.since = self.loop.time()
+        self.waiting = True
+        try:
+            line = await anext(lines)
+        except asyncio.CancelledError:
+            if self.gave_up is None:
+                raise
+            if self.task is not None:
+                self.task.uncancel()
+            raise WorkerFault(FaultCode.WORKER_STALLED, self.gave_up) from None
+        finally:
+            self.waiting = False
+        now = self.client._heard[self.base_url] = self.loop.time()
+        if not self.begun:
+            # From now on the (shorter) stall time applies.
+            self.begun = True
+            self.timer.cancel()
+            self.timer = self.loop.call_at(now + self.client.stall, self._check)
+        return line
+
+    def _check(self) -> None:
+        now = self.loop.time()
+        patience = self.client.stall if self.begun else self.client.first_token
+        heard = self.client._heard.get(self.base_url, float("-inf"))
+        silent = now - self.since
+        if not self.waiting:
+            wake = now + patience
+        elif silent < patience:
+            wake = self.since + patience
+        elif self.begun and silent < self.client.first_token and now - heard < patience:
+            wake = min(heard + patience, self.since + self.client.first_token)
+        else:
+            self.gave_up = f"no data from the worker for {silent:.0f} s"
+            if self.task is not None:
+                self.task.cancel()
+            return
+        self.timer = self.loop.call_at(max(wake, now + 0.01), self._check)
+
+    def stop(self) -> None:
+        self.timer.cancel()
 
 
 def _parse_chunk(payload: str) -> Chunk:

@@ -35,10 +35,16 @@ class FakeWorker:
         refuse_tools: bool = False,
         tool_trigger: str = "",
         first_token_delay: float = 0.0,
+        pause_trigger: str = "",
+        pause_seconds: float = 0.0,
     ) -> None:
         self.mode = mode
         # Seconds before the first chunk: a request waiting in vLLM's queue behind a full batch.
         self.first_token_delay = first_token_delay
+        # A request whose messages contain `pause_trigger` goes silent for `pause_seconds`
+        # after its third token (preempted, or behind higher-priority work), then goes on.
+        self.pause_trigger = pause_trigger
+        self.pause_seconds = pause_seconds
         self.tokens = tokens
         self.token_delay = token_delay
         self.tool_calls = tool_calls or []
@@ -177,7 +183,12 @@ class FakeWorker:
                     self._stream_tool_calls()
                     return
                 count = min(worker.tokens, int(body.get("max_tokens") or worker.tokens))
+                paused = bool(worker.pause_trigger) and worker.pause_trigger in json.dumps(
+                    body.get("messages")
+                )
                 for index in range(count):
+                    if paused and index == 3:
+                        time.sleep(worker.pause_seconds)
                     if mode == "die" and index == 3:
                         # Vanish without finishing the chunked body.
                         self.connection.shutdown(2)
