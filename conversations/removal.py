@@ -42,9 +42,8 @@ def conversation_remove(*, conversation: Conversation, keep_tombstone: bool = Tr
             Generation.objects.filter(conversation=conversation).select_related("pool")
         )
         in_flight = [generation for generation in generations if not generation.is_final]
-        _wipe(conversation)
-        if not keep_tombstone:
-            _drop_row(conversation)
+        if keep_tombstone or not _drop_row(conversation):
+            _wipe(conversation)
         if in_flight:
             transaction.on_commit(lambda: _abandon(in_flight))
         transaction.on_commit(
@@ -82,14 +81,19 @@ def _wipe(conversation: Conversation) -> None:
         Message.objects.filter(conversation=conversation).delete()
 
 
-def _drop_row(conversation: Conversation) -> None:
-    """Delete the tombstone too, unless other rows must keep pointing at it (a protected
-    reference): then it stays, content-free."""
+def _drop_row(conversation: Conversation) -> bool:
+    """Delete the conversation and, by cascade, everything on it; True once it is gone.
+    False when other rows must keep pointing at it (a protected reference): it stays, for
+    the caller to wipe to a content-free tombstone."""
     try:
         with transaction.atomic():
-            Conversation.objects.filter(pk=conversation.pk).delete()
+            # Locked first, as a send locks it: no message can join it while it goes.
+            row = Conversation.objects.select_for_update().filter(pk=conversation.pk).first()
+            if row is not None:
+                row.delete()
     except (ProtectedError, RestrictedError):
-        pass
+        return False
+    return True
 
 
 def _abandon(generations: list[Generation]) -> None:
