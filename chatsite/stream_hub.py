@@ -23,7 +23,7 @@ import contextlib
 import logging
 import weakref
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any
 
 from django.conf import settings
 from redis.asyncio import BlockingConnectionPool
@@ -172,6 +172,9 @@ class StreamHub:
             self._reader = async_redis(
                 single_connection_client=True, socket_timeout=BLOCK_MS / 1000 + 10
             )
+            # The reply as it comes (see `_entries`): redis-py's own reshaping of it, in
+            # Python, cost more than the rest of the read.
+            self._reader.set_response_callback("XREAD", _raw)
             self._reader_id = int(await self._reader.client_id())
         furthest_back = {
             stream: min(subscribers, key=_position)
@@ -179,17 +182,18 @@ class StreamHub:
             else next(iter(subscribers))
             for stream, subscribers in self._subscriptions.items()
         }
-        positions: dict[Any, Any] = {stream: s.last_id for stream, s in furthest_back.items()}
+        positions = [s.last_id for s in furthest_back.values()]
         self._round += 1
         self._blocked = True
         try:
-            reply = cast(
-                list[tuple[str, list[tuple[str, dict[str, str]]]]] | None,
-                await self._reader.xread(positions, count=READ_BATCH, block=BLOCK_MS),
+            reply = await self._reader.execute_command(
+                *("XREAD", "COUNT", READ_BATCH, "BLOCK", BLOCK_MS, "STREAMS"),
+                *furthest_back,
+                *positions,
             )
         finally:
             self._blocked = False
-        for stream, entries in reply or ():
+        for stream, entries in _entries(reply):
             self._deliver(stream, furthest_back[stream].position, entries)
         if reply:
             # Busy: let a few milliseconds of entries gather, so that one read of every
@@ -198,12 +202,12 @@ class StreamHub:
             await asyncio.sleep(GATHER_SECONDS)
 
     def _deliver(
-        self, stream: str, read_from: tuple[int, int], entries: list[tuple[str, dict[str, str]]]
+        self, stream: str, read_from: tuple[int, int], entries: list[tuple[str, list[str]]]
     ) -> None:
         """Entries read after `read_from` go to the subscribers at or past that position; one
         that subscribed meanwhile from further back waits for the next read, which starts at
         its position, so that it gets every entry in order and none is skipped."""
-        keyed = [(entry_key(entry_id), entry_id, fields) for entry_id, fields in entries]
+        keyed = [(entry_key(entry_id), entry_id, _fields(values)) for entry_id, values in entries]
         for subscription in list(self._subscriptions.get(stream, ())):
             if subscription.position < read_from:
                 continue
@@ -228,6 +232,23 @@ class StreamHub:
         if reader is not None:
             with contextlib.suppress(RedisError, OSError):
                 await reader.aclose()
+
+
+def _raw(response: Any, **options: Any) -> Any:
+    return response
+
+
+def _fields(values: list[str] | None) -> dict[str, str]:
+    """An entry's [field, value, ...] as a dict; an entry deleted since (XDEL) has none."""
+    return dict(zip(values[::2], values[1::2], strict=True)) if values else {}
+
+
+def _entries(reply: Any) -> Any:
+    """(stream, [(entry id, [field, value, ...]), ...]) for each stream of an XREAD reply:
+    a map under RESP3, a list of pairs under RESP2, None when the read timed out."""
+    if not reply:
+        return ()
+    return reply.items() if isinstance(reply, dict) else reply
 
 
 _hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StreamHub] = weakref.WeakKeyDictionary()
