@@ -16,3 +16,8 @@ django_asgi_app = get_asgi_application()
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
 application = ProtocolTypeRouter({"http": django_asgi_app})
+
+from chatsite.edge import tune_gc  # noqa: E402
+
+# Loaded once per edge process: from here on its garbage is collected as an edge can afford.
+tune_gc()
