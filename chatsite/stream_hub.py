@@ -89,6 +89,7 @@ class StreamHub:
         self._reader: AsyncRedis | None = None
         self._reader_id: int | None = None
         self._pool: BlockingConnectionPool | None = None
+        self._commands: AsyncRedis | None = None
         # Bumped by every read; `_blocked` while one waits in Redis.
         self._round = 0
         self._blocked = False
@@ -98,17 +99,19 @@ class StreamHub:
 
     @property
     def commands(self) -> AsyncRedis:
-        """A client on this loop's shared pool (at most `COMMAND_CONNECTIONS`; a command
-        waits for a free one), for a response's other commands; its `aclose()` gives back
-        what it holds and leaves the pool open."""
-        if self._pool is None:
+        """The loop's one client for the responses' other commands, on a shared pool (at
+        most `COMMAND_CONNECTIONS`; a command waits for a free one); its `aclose()` gives
+        back what it holds and leaves the pool open. One client, not one per response: a
+        redis-py client carries its own table of reply parsers, 13 KiB a stream."""
+        if self._commands is None:
             self._pool = BlockingConnectionPool.from_url(
                 settings.REDIS_URL,
                 decode_responses=True,
                 max_connections=COMMAND_CONNECTIONS,
                 timeout=COMMAND_WAIT_SECONDS,
             )
-        return AsyncRedis(connection_pool=self._pool)
+            self._commands = AsyncRedis(connection_pool=self._pool)
+        return self._commands
 
     def streams(self) -> int:
         return len(self._subscriptions)

@@ -116,9 +116,11 @@ async def _tail(redis: Any, generation: Generation, last_id: str) -> AsyncGenera
     gid = str(generation.id)
     watchers = queue.key("watchers", gid)
     tail = sse.Tail(queue.stream_key(gid), last_id)
-    await redis.incr(watchers)
-    await redis.expire(watchers, settings.GENERATION_STREAM_TTL_SECONDS)
-    await redis.hdel(queue.job_key(gid), "detached_ms")
+    async with redis.pipeline(transaction=False) as pipe:
+        pipe.incr(watchers)
+        pipe.expire(watchers, settings.GENERATION_STREAM_TTL_SECONDS)
+        pipe.hdel(queue.job_key(gid), "detached_ms")
+        await pipe.execute()
     try:
         async with contextlib.aclosing(tail.events()) as events:
             async for chunk in events:
