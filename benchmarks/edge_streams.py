@@ -31,8 +31,9 @@ scheduler and the browsers:
   `--max`, at the open-file limit, or when the step would not fit in `--budget`.
 
 Redis and Postgres are shared with other work on this machine. A phase or step that, at the
-connections per stream seen in the warm-up, would leave fewer than `REDIS_RESERVE` Redis or
-`POSTGRES_RESERVE` Postgres connections free is not run; the table says so and why.
+connections per stream seen in the warm-up (then in the largest step so far), would leave
+fewer than `REDIS_RESERVE` Redis or `POSTGRES_RESERVE` Postgres connections free is not run;
+the table says so and why.
 
 Each generation's job hash carries `first_token_ms`, as a running generation's does, so a
 closing stream takes the cheap branch of the disconnect policy (note `detached_ms`) instead of
@@ -670,6 +671,11 @@ async def sample_edge(bench: Bench, row: Row, streams: Sequence[Stream]) -> None
     row.edge_threads = edge.threads - bench.baseline_threads
     row.redis_conns = await redis_clients(bench.redis, bench.redis_db) - bench.baseline_redis
     row.postgres_conns = await bench.postgres.bench_connections() - bench.baseline_postgres
+    if still_open:
+        # A larger step's needs are judged from what this many streams really hold: the
+        # warm-up's few streams cannot tell a pool's connections from a stream's own.
+        bench.redis_per_stream = max(row.redis_conns, 0) / still_open
+        bench.postgres_per_stream = max(row.postgres_conns, 0) / still_open
 
 
 async def no_room(bench: Bench, count: int) -> str:
