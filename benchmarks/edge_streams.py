@@ -118,9 +118,8 @@ WRITE_CHUNK = 50
 REDIS_RESERVE = 1000
 POSTGRES_RESERVE = 20
 WARM_UP_STREAMS = 10
-# Descriptors the edge needs per stream (the client's socket and its own Redis connection),
-# and what it needs besides.
-EDGE_FDS_PER_STREAM = 2
+# Descriptors the edge needs besides one per stream (the client's socket) and one per Redis
+# or Postgres connection a stream holds.
 EDGE_FDS_SPARE = 100
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
@@ -700,9 +699,12 @@ async def no_room(bench: Bench, count: int) -> str:
             f"needs ~{redis_need:,} Redis connections ({bench.redis_per_stream:.2f} per "
             f"stream), Redis has {redis_free:,} free beyond a reserve of {REDIS_RESERVE}"
         )
-    fds_free = (bench.fd_limit - EDGE_FDS_SPARE) // EDGE_FDS_PER_STREAM
+    per_stream = 1 + bench.redis_per_stream + bench.postgres_per_stream
+    fds_free = int((bench.fd_limit - EDGE_FDS_SPARE) / per_stream)
     if count > fds_free:
-        return f"the open-file limit {bench.fd_limit} allows the edge ~{fds_free:,} streams"
+        return (
+            f"would pass the open-file limit {bench.fd_limit}: the edge has room for ~{fds_free:,}"
+        )
     return ""
 
 
