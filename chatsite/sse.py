@@ -89,10 +89,10 @@ def release_request_thread() -> None:
     lookups) go, for a response that needs no more of it.
 
     Django runs each request in an asgiref `ThreadSensitiveContext`, whose one-thread
-    executor lives until the response ends: an idle stream would hold an idle thread (its
-    stack and state, about a third of a stream's memory). The executor is dropped from
-    asgiref's table and shut down, as the context's exit would; synchronous code the
-    response still runs later gets a new thread.
+    executor lives until the response ends: an idle stream would hold an idle thread, its
+    stack and state (an idle stream cost 122 KiB with it, 61 without). The executor is
+    dropped from asgiref's table and shut down, as the context's exit would; synchronous
+    code the response still runs later gets a new thread.
     """
     context = SyncToAsync.thread_sensitive_context.get(None)
     if context is None or getattr(context, "_executor", None) is not None:
