@@ -182,8 +182,6 @@ class StreamHub:
             self._reader_id = int(await self._reader.client_id())
         furthest_back = {
             stream: min(subscribers, key=_position)
-            if len(subscribers) > 1
-            else next(iter(subscribers))
             for stream, subscribers in self._subscriptions.items()
         }
         command = self._xread(furthest_back)

@@ -21,7 +21,6 @@ from inference.tokens import count_tokens, pool_tokenizer
 
 from .models import Conversation, Message
 from .tasks import title_request_after_answer
-from .unkept import unkept_listed
 
 _MESSAGE_STATUS = {
     Generation.Status.COMPLETE: Message.Status.COMPLETE,
@@ -169,9 +168,5 @@ class ConversationHooks(InferenceHooks):
 
     def generation_finishing(self, *, generation: Generation, outcome: Outcome) -> None:
         status = answer_write(generation=generation, outcome=outcome)
-        if generation.conversation.source == Conversation.Source.API and unkept_listed(
-            conversation_id=generation.conversation_id
-        ):
-            return  # removed once answered: nobody will see a title
         # The first completed exchange gets its conversation a title, after commit.
-        title_request_after_answer(conversation_id=generation.conversation_id, status=status)
+        title_request_after_answer(conversation=generation.conversation, status=status)

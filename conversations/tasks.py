@@ -21,6 +21,7 @@ from inference.client import WorkerFault
 from . import retention, summaries, titles
 from .context import AssembledContext
 from .models import Conversation, Message
+from .unkept import unkept_listed
 
 RETRYABLE = (WorkerFault, httpx.HTTPError, OperationalError, InterfaceError, RedisError)
 _RETRY: dict[str, Any] = {
@@ -60,19 +61,24 @@ def purge_expired_conversations() -> int:
     return retention.conversations_purge_expired()
 
 
-def title_request_after_answer(*, conversation_id: Any, status: str) -> None:
-    """Ask for a title after commit if an answer just completed in an untitled conversation.
+def title_request_after_answer(*, conversation: Conversation, status: str) -> None:
+    """Ask for a title after commit if an answer just completed in an untitled conversation
+    that stays (not a `/v1` one removed once answered: nobody would see its title).
 
     Called in the transaction that finishes the answer; one indexed read per finished answer.
     """
     if status != Message.Status.COMPLETE:
         return
+    if conversation.source == Conversation.Source.API and unkept_listed(
+        conversation_id=conversation.pk
+    ):
+        return
     untitled = Conversation.objects.filter(
-        pk=conversation_id, title="", title_set_by_user=False, deleted_at__isnull=True
+        pk=conversation.pk, title="", title_set_by_user=False, deleted_at__isnull=True
     ).exists()
     if not untitled:
         return
-    conversation_id = str(conversation_id)
+    conversation_id = str(conversation.pk)
 
     def _enqueue() -> None:
         # One title task at a time: the next answer often finishes before the first title

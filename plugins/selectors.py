@@ -25,6 +25,7 @@ from conversations.models import Conversation
 from .crypto import decrypt_json
 from .models import ConversationTool, McpServer, PluginConfig
 from .registry import LoadedPlugin, ToolSpec, get_registry
+from .sdk import Tool
 
 MCP_SEPARATOR = "__"
 _UNSAFE_NAME_CHARS = re.compile(r"[^A-Za-z0-9_-]")
@@ -120,20 +121,23 @@ def _mcp_servers_open_to(plan: Plan) -> Iterable[McpServer]:
             yield server
 
 
+def _plugin_tools_open_to(plan: Plan) -> Iterable[Tool]:
+    for state in plugin_states().values():
+        if state.open_to(plan):
+            yield from state.loaded.plugin.tools
+
+
 def tools_for_user(*, user: AbstractBaseUser | AnonymousUser) -> list[ToolSpec]:
     """Every tool the user's plan may call, ignoring per-conversation switches."""
     if not user.is_authenticated:
         return []
     plan = plan_for_user(user=user)  # type: ignore[arg-type]
     registry = get_registry()
-    tools: list[ToolSpec] = []
-    for state in plugin_states().values():
-        if state.open_to(plan):
-            tools.extend(
-                spec
-                for tool in state.loaded.plugin.tools
-                if (spec := registry.tool_spec(tool.name)) is not None
-            )
+    tools = [
+        spec
+        for tool in _plugin_tools_open_to(plan)
+        if (spec := registry.tool_spec(tool.name)) is not None
+    ]
     taken = {spec.name for spec in tools}
     for server in _mcp_servers_open_to(plan):
         for spec in mcp_tool_specs(server):
@@ -146,10 +150,7 @@ def tools_for_user(*, user: AbstractBaseUser | AnonymousUser) -> list[ToolSpec]:
 def plugin_tool_open_to(*, user: AbstractBaseUser, name: str) -> bool:
     """Whether the user's plan may call the plugin tool `name` at all (switches aside)."""
     plan = plan_for_user(user=user)  # type: ignore[arg-type]
-    return any(
-        state.open_to(plan) and any(tool.name == name for tool in state.loaded.plugin.tools)
-        for state in plugin_states().values()
-    )
+    return any(tool.name == name for tool in _plugin_tools_open_to(plan))
 
 
 def conversation_tool_switches(*, conversation: Conversation) -> dict[str, bool]:
