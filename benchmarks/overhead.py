@@ -408,7 +408,12 @@ def plot(levels: list[dict[str, Result]], out: Path) -> bool:
 
 def profiler(directory: Path | None, targets: dict[str, int]) -> Callable[[str], Any]:
     """Starts py-spy on each target while one side runs its highest level; the returned call
-    stops it (py-spy writes its profile on SIGINT)."""
+    stops it (py-spy writes its profile on SIGINT).
+
+    The side starts only once every recorder has said it is sampling: a SIGINT that reaches
+    py-spy while it is still attaching kills it before it has written anything (a short side,
+    as in the smoke run, used to end that early now and then).
+    """
 
     def begin(label: str) -> Callable[[], None] | None:
         if directory is None:
@@ -423,21 +428,38 @@ def profiler(directory: Path | None, targets: dict[str, int]) -> Callable[[str],
                     *("--format", "raw"),
                     *("--output", str(directory / f"{name}-{label}.txt")),
                 ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
             )
             for name, pid in targets.items()
         }
+        for name, recorder in recorders.items():
+            _wait_until_sampling(name, recorder)
 
         def end() -> None:
             for recorder in recorders.values():
                 recorder.send_signal(signal.SIGINT)
-            for recorder in recorders.values():
-                recorder.wait(timeout=60)
+            for name, recorder in recorders.items():
+                said, _ = recorder.communicate(timeout=60)
+                if recorder.returncode != 0:
+                    raise RuntimeError(f"py-spy on the {name} failed: {said.strip()[-500:]}")
 
         return end
 
     return begin
+
+
+def _wait_until_sampling(name: str, recorder: subprocess.Popen[str]) -> None:
+    """Reads py-spy's output until it says it samples; raises if it ends before that."""
+    assert recorder.stdout is not None
+    said = []
+    for line in recorder.stdout:
+        if "Sampling process" in line:
+            return
+        said.append(line)
+    recorder.wait(timeout=10)
+    raise RuntimeError(f"py-spy on the {name} did not start: {''.join(said).strip()[-500:]}")
 
 
 def top_functions(path: Path, count: int = 12) -> str:
