@@ -319,6 +319,8 @@ class Measured:
     drained: bool
     tasks: collections.Counter[str] | None
     processes: dict[str, int]
+    # The warm-up turn of each edge: a fresh process's first message (untimed in the tables).
+    first: list[Turn] = field(default_factory=list)
 
 
 async def measure(
@@ -334,18 +336,23 @@ async def measure(
             stack.push_async_callback(client.aclose)
         # One untimed answer per edge, with a prompt of its own: first connections, lazy
         # imports and a first title task are paid for before anything is measured.
+        first = []
         for client in clients:
             warm = Turn(number=0)
+            first.append(warm)
             await turn_send(client, await conversation_create(client, "Be brief."), warm, "Hi!")
             if not warm.completed:
                 raise SystemExit(f"The warm-up turn failed: {warm.error or warm.status}")
         await celery_drained()
         tasks_before = await asyncio.to_thread(celery_tasks)
 
+        print(f"warm; measuring {args.idle:.0f} s idle", flush=True)
         idle_start = reading(processes)
         await asyncio.sleep(args.idle)
         idle_end = busy_start = reading(processes)
+        print("trace: started", flush=True)
         trace = await run_trace(args, clients, prompts)
+        print("trace: answered; waiting for Celery", flush=True)
         answered = time.monotonic() - busy_start[0]
         drained = await celery_drained()
         busy_end = reading(processes)
@@ -359,6 +366,7 @@ async def measure(
         drained=drained,
         tasks=None if tasks_before is None or tasks_after is None else tasks_after - tasks_before,
         processes=counts,
+        first=first,
     )
 
 
@@ -456,6 +464,16 @@ def command_line() -> str:
     )
 
 
+def first_line(first: Sequence[Turn]) -> str:
+    """The warm-up turns: what a fresh edge process's first message cost its user."""
+    posts = ", ".join(f"{t.post * 1000:.0f}" for t in first if t.post is not None)
+    ttfts = ", ".join(f"{t.ttft * 1000:.0f}" for t in first if t.ttft is not None)
+    return (
+        f"first message on each fresh edge (the warm-up, not in the tables): POST {posts} ms, "
+        f"TTFT {ttfts} ms"
+    )
+
+
 def report(args: argparse.Namespace, measured: Measured, served: str, tokens: list[int]) -> str:
     trace = measured.trace
     completed = [t for t in trace.turns if t.completed]
@@ -484,6 +502,7 @@ def report(args: argparse.Namespace, measured: Measured, served: str, tokens: li
         f"{measured.answered:.1f} s, {drained}",
         f"{len(completed)}/{len(trace.turns)} messages completed "
         f"({args.conversations * args.turns} planned)",
+        first_line(measured.first),
         "",
         message_table(trace, args.turns),
         "",

@@ -17,7 +17,11 @@ from channels.routing import ProtocolTypeRouter  # noqa: E402
 
 application = ProtocolTypeRouter({"http": django_asgi_app})
 
-from chatsite.edge import tune_gc  # noqa: E402
+from chatsite.edge import tune_gc, warm_up  # noqa: E402
+
+# What an edge process's first message would load, loaded as the process starts (see
+# `EDGE_WARM_UP`); before `tune_gc`, so it is frozen with the rest.
+warm_up()
 
 # Loaded once per edge process: from here on its garbage is collected as an edge can afford.
 tune_gc()

@@ -41,6 +41,17 @@ def tune_gc() -> None:
     gc.freeze()
 
 
+def warm_up() -> None:
+    """Run each of `settings.EDGE_WARM_UP` (dotted paths of functions without arguments), as
+    each edge process loads the application."""
+    from django.conf import settings
+
+    from chatsite import dotted
+
+    for path in settings.EDGE_WARM_UP:
+        dotted.load_callable("EDGE_WARM_UP", path)()
+
+
 def default_workers() -> int:
     return int(os.environ.get("EDGE_WORKERS") or os.cpu_count() or 1)
 

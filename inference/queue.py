@@ -111,13 +111,18 @@ UNQUEUE = """
 return redis.call('ZREM', KEYS[1], ARGV[1])
 """
 
-# Take every generation queued before a deadline out of the queue, atomically.
+# Take every generation queued before a deadline (ARGV[1]) out of the queues (KEYS: a pool's
+# tiers), atomically: at most 100 per queue a call.
 EXPIRE_QUEUED = """
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', 0, 100)
-for _, id in ipairs(ids) do
-  redis.call('ZREM', KEYS[1], id)
+local expired = {}
+for _, queue in ipairs(KEYS) do
+  local ids = redis.call('ZRANGEBYSCORE', queue, '-inf', ARGV[1], 'LIMIT', 0, 100)
+  for _, id in ipairs(ids) do
+    redis.call('ZREM', queue, id)
+    expired[#expired + 1] = id
+  end
 end
-return ids
+return expired
 """
 
 

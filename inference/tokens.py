@@ -30,6 +30,15 @@ def count_tokens(tokenizer: Tokenizer, text: str) -> int:
     return len(tokenizer.encode(text, add_special_tokens=False).ids)
 
 
+def warm_default_tokenizer() -> None:
+    """Load the default model's tokenizer now, if it is prepared (a pool with a tokenizer of
+    its own loads that on first use): a process pays for it as it starts, not in its first
+    user's message. No database."""
+    folder = str(settings.MODEL_DIR)
+    if (Path(folder) / "tokenizer.json").is_file():
+        load_tokenizer(folder)
+
+
 def pool_tokenizer_folder(pool: ModelPool) -> str:
     return pool.tokenizer_path or str(settings.MODEL_DIR)
 

@@ -71,6 +71,18 @@ def policy() -> Policy:
     return Policy(classifiers=classifiers, thresholds=selectors.thresholds())
 
 
+def warm() -> None:
+    """Load every configured backend's model now (see `Classifier.warm`)."""
+    for classifier in configured_classifiers():
+        classifier.warm()
+
+
+def warm_input() -> None:
+    """`warm`, where messages are checked as they are sent (an edge's `EDGE_WARM_UP`)."""
+    if settings.MODERATION_INPUT_ENABLED:
+        warm()
+
+
 def decide(scores: Scores, thresholds: dict[str, Threshold]) -> tuple[list[str], list[str]]:
     """(categories at or past their block threshold, those only past review), highest first."""
     blocked, review = [], []

@@ -120,3 +120,7 @@ class StreamingOutputGuard:
 
     def retract_payload(self, verdict: Verdict) -> RetractData:
         return retract_event(verdict)
+
+    def warm(self) -> None:
+        if settings.MODERATION_OUTPUT_ENABLED:
+            engine.warm()

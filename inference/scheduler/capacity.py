@@ -109,7 +109,11 @@ class Capacity:
         self.redis = redis
         self.policy = policy
         self.workers: dict[int, WorkerView] = {}
+        # The pools with workers (placement), and every active pool (the queue limit and the
+        # queue positions: a pool without workers still has a line that must not wait for
+        # ever). Both as of the last health check (`Fleet`), so the loops read no database.
         self.pools: list[str] = []
+        self.active_pools: list[str] = []
         self.leases: dict[str, int] = {}  # generation id -> worker id
 
     async def mark_down(self, view: WorkerView, error: str) -> None:
@@ -181,13 +185,20 @@ class Capacity:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.zrem(queue.lease_key(worker_id), generation_id)
                 pipe.hdel(queue.lease_tokens_key(worker_id), generation_id)
+                # Room on a worker: the other replicas look for work now, not at their next
+                # poll (this one is woken by its own run's end).
+                pipe.publish(queue.wake_channel(), "released")
                 await pipe.execute()
 
     async def renew(self) -> None:
         """Push back the expiry of every lease this replica holds."""
+        if not self.leases:
+            return
         expiry = queue.now_ms() + queue.LEASE_SECONDS * 1000
-        for generation_id, worker_id in list(self.leases.items()):
-            await self.redis.zadd(queue.lease_key(worker_id), {generation_id: expiry}, xx=True)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for generation_id, worker_id in self.leases.items():
+                pipe.zadd(queue.lease_key(worker_id), {generation_id: expiry}, xx=True)
+            await pipe.execute()
 
 
 def background_order(
@@ -239,9 +250,22 @@ def _worker_id(value: Any) -> int | None:
         return None
 
 
+@dataclass
+class Fleet:
+    """The workers of the active pools and the active pools' names, as the database has them."""
+
+    workers: list[WorkerView]
+    active_pools: list[str]
+
+
+def fleet_rows() -> Fleet:
+    """One read of the fleet (two statements) for a health check."""
+    close_old_connections()
+    return Fleet(workers=worker_rows(), active_pools=active_pool_names())
+
+
 def worker_rows() -> list[WorkerView]:
     """A view of every worker of the active pools, as the database has them."""
-    close_old_connections()
     return [
         WorkerView(
             id=w.id,

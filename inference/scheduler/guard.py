@@ -63,6 +63,10 @@ class OutputGuard(Protocol):
     def retract_payload(self, verdict: Any) -> RetractData:
         """The `retract` event's payload for an answer `verdict` withdrew."""
 
+    def warm(self) -> None:
+        """Load the classifiers' models now, as the replica starts (synchronous, before the
+        loops run), not during the first answer it checks."""
+
 
 def configured_guard() -> OutputGuard:
     """The guard `settings.INFERENCE_OUTPUT_GUARD` names; ImproperlyConfigured if none."""

@@ -22,7 +22,7 @@ from chatsite.stream_events import QueueData, StreamEvent
 from .. import queue, services
 from ..errors import ErrorCode
 from ..models import Generation
-from .capacity import Capacity, active_pool_names
+from .capacity import Capacity
 from .writer import StreamWriter
 
 logger = logging.getLogger(__name__)
@@ -70,9 +70,15 @@ class Housekeeping:
     async def cancel_abandoned(self) -> None:
         """Cancel running generations that were asked to stop (a cancel whose pub/sub message
         was missed) or whose watchers all left and stayed away past the grace period."""
+        running = list(self.running.items())
+        if not running:
+            return
         cutoff = queue.now_ms() - settings.STREAM_GRACE_SECONDS * 1000
-        for generation_id, task in list(self.running.items()):
-            flags = await self.redis.hmget(queue.job_key(generation_id), "cancel", "detached_ms")
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for generation_id, _ in running:
+                pipe.hmget(queue.job_key(generation_id), "cancel", "detached_ms")
+            read = await pipe.execute()
+        for (generation_id, task), flags in zip(running, read, strict=True):
             if flags[0]:
                 task.cancel()
                 continue
@@ -86,27 +92,30 @@ class Housekeeping:
 
     async def reject_overdue(self) -> None:
         deadline = queue.now_ms() - settings.SCHEDULER_MAX_QUEUE_SECONDS * 1000
-        for pool in await sync_to_async(active_pool_names)():
-            for tier in queue.tiers_best_first():
-                ids = await self.redis.eval(
-                    queue.EXPIRE_QUEUED, 1, queue.queue_key(pool, tier), str(deadline)
+        tiers = queue.tiers_best_first()
+        for pool in self.capacity.active_pools:
+            ids = await self.redis.eval(
+                queue.EXPIRE_QUEUED,
+                len(tiers),
+                *(queue.queue_key(pool, tier) for tier in tiers),
+                str(deadline),
+            )
+            for generation_id in ids:
+                await sync_to_async(services.generation_finish)(
+                    generation_id=generation_id,
+                    status=Generation.Status.REJECTED,
+                    text="",
+                    finish_reason="rejected",
+                    error_code=ErrorCode.QUEUE_TIMEOUT,
+                    error_message=(
+                        "Demand is high and no model worker could take this answer in "
+                        f"{settings.SCHEDULER_MAX_QUEUE_SECONDS} s. Please try again."
+                    ),
                 )
-                for generation_id in ids:
-                    await sync_to_async(services.generation_finish)(
-                        generation_id=generation_id,
-                        status=Generation.Status.REJECTED,
-                        text="",
-                        finish_reason="rejected",
-                        error_code=ErrorCode.QUEUE_TIMEOUT,
-                        error_message=(
-                            "Demand is high and no model worker could take this answer in "
-                            f"{settings.SCHEDULER_MAX_QUEUE_SECONDS} s. Please try again."
-                        ),
-                    )
 
     async def publish_positions(self) -> None:
         """Tell each waiting generation its place in line, when it changes."""
-        for pool in await sync_to_async(active_pool_names)():
+        for pool in self.capacity.active_pools:
             high_demand = not await self.capacity.candidates(pool)
             position = 0
             for tier in queue.tiers_best_first():

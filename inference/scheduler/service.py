@@ -29,7 +29,8 @@ from chatsite.redis import async_redis
 from .. import queue, services
 from ..client import OpenAICompatibleClient, WorkerLoad, get_client
 from ..models import Worker
-from .capacity import Capacity, WorkerView, worker_rows
+from ..tokens import warm_default_tokenizer
+from .capacity import Capacity, WorkerView, fleet_rows
 from .guard import configured_guard
 from .housekeeping import Housekeeping
 from .placement import configured_policy
@@ -38,6 +39,11 @@ from .tools import ToolLoop, configured_runner
 from .writer import StreamWriter
 
 logger = logging.getLogger(__name__)
+
+# With nothing to admit, look again after this long at the latest. New work (the enqueue),
+# a released lease (any replica's) and a worker coming up wake the dispatcher at once; the
+# poll is for what announces itself to nobody: a dead replica's leases lapsing.
+IDLE_POLL_SECONDS = 1.0
 
 
 class Scheduler:
@@ -64,6 +70,7 @@ class Scheduler:
         # Workers that refused tools (started without a tool-call parser): answer without.
         self.no_tool_workers: set[int] = set()
         self.capacity = Capacity(self.redis, configured_policy())
+        self.guard = configured_guard()
         self.writer = StreamWriter(self.redis)
         self.tools = ToolLoop(configured_runner(), self.writer)
         self.runs = Runs(
@@ -71,7 +78,7 @@ class Scheduler:
             client=self.client,
             capacity=self.capacity,
             writer=self.writer,
-            guard=configured_guard(),
+            guard=self.guard,
             tools=self.tools,
             no_tool_workers=self.no_tool_workers,
         )
@@ -93,6 +100,10 @@ class Scheduler:
     # Lifecycle
 
     async def run(self) -> None:
+        # What the first answer would load (the output classifiers, the tokenizer that counts
+        # a cancelled answer's tokens), loaded before the replica takes any.
+        await asyncio.to_thread(self.guard.warm)
+        await asyncio.to_thread(warm_default_tokenizer)
         await sync_to_async(services.workers_sync_from_settings)()
         await self.housekeeping.heartbeat()
         await self.check_workers()
@@ -146,7 +157,8 @@ class Scheduler:
 
     async def check_workers(self) -> None:
         """Refresh the worker list from the database and measure each worker's load."""
-        views = {row.id: row for row in await sync_to_async(worker_rows)()}
+        fleet = await sync_to_async(fleet_rows)()
+        views = {row.id: row for row in fleet.workers}
         for view in views.values():
             known = self.capacity.workers.get(view.id)
             if known is not None:
@@ -172,23 +184,26 @@ class Scheduler:
                     await self.capacity.mark_down(view, str(result))
         self.capacity.workers = views
         self.capacity.pools = sorted({view.pool for view in views.values()})
+        self.capacity.active_pools = fleet.active_pools
         if became_healthy:
             self._wake.set()
 
     async def _store_metrics(self, worker_id: int, load: WorkerLoad) -> None:
         """The reading, for background completions' placement and the admin."""
-        await self.redis.hset(
-            queue.metrics_key(worker_id),
-            mapping={
-                "running": load.running,
-                "waiting": load.waiting,
-                "kv_cache_percent": load.kv_cache_percent,
-                "prefix_cache_queries": load.prefix_cache_queries,
-                "prefix_cache_hits": load.prefix_cache_hits,
-                "measured_ms": queue.now_ms(),
-            },
-        )
-        await self.redis.expire(queue.metrics_key(worker_id), 30)
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.hset(
+                queue.metrics_key(worker_id),
+                mapping={
+                    "running": load.running,
+                    "waiting": load.waiting,
+                    "kv_cache_percent": load.kv_cache_percent,
+                    "prefix_cache_queries": load.prefix_cache_queries,
+                    "prefix_cache_hits": load.prefix_cache_hits,
+                    "measured_ms": queue.now_ms(),
+                },
+            )
+            pipe.expire(queue.metrics_key(worker_id), 30)
+            await pipe.execute()
 
     # Dispatch
 
@@ -204,7 +219,7 @@ class Scheduler:
             if not dispatched:
                 self._wake.clear()
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=0.25)
+                    await asyncio.wait_for(self._wake.wait(), timeout=IDLE_POLL_SECONDS)
 
     async def dispatch_once(self) -> bool:
         """Admit at most one generation per pool; True if any was admitted."""

@@ -99,3 +99,21 @@ def test_the_kv_cache_size_is_read_from_vllms_cache_config_info() -> None:
     )
     assert (load.block_size, load.num_gpu_blocks, load.kv_capacity_tokens) == (128, 364, 46592)
     assert load.waiting == 3.0
+
+
+async def test_a_released_lease_wakes_every_replica(capacity: Capacity) -> None:
+    # Another replica's dispatcher may hold work for this worker: it hears of the room at once.
+    worker = view(capacity_tokens=1000)
+    assert await capacity.acquire(worker, "a", tokens=10)
+    listener = async_redis()
+    pubsub = listener.pubsub()
+    await pubsub.subscribe(queue.wake_channel())
+    try:
+        assert await pubsub.get_message(timeout=2) is not None  # the subscription itself
+        await capacity.release("a")
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=2)
+    finally:
+        await pubsub.aclose()
+        await listener.aclose()
+    assert message is not None and message["channel"] == queue.wake_channel()
+    assert await capacity.redis.zcard(queue.lease_key(worker.id)) == 0

@@ -30,6 +30,10 @@ class Classifier(ABC):
     def refresh(self) -> None:  # noqa: B027 (most backends keep nothing in the database)
         """Reload what this backend reads from the database; cheap when nothing changed."""
 
+    def warm(self) -> None:  # noqa: B027 (most backends load nothing)
+        """Load now what the first `classify` would load (a model), so a process pays for
+        it as it starts and not in its first user's answer. No database, no network."""
+
     @abstractmethod
     def classify(self, text: str) -> Scores:
         """Scores for the categories this backend knows; the others count as 0."""

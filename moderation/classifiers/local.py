@@ -114,6 +114,9 @@ class LocalClassifier(Classifier):
             )
         return tuple(rules)
 
+    def warm(self) -> None:
+        profanity.model()
+
     def refresh(self) -> None:
         now = time.monotonic()
         version = selectors.rules_version()
