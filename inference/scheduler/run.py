@@ -228,7 +228,7 @@ class Runs:
                     await self._first_token(job.generation_id)
                 await coalescer.pending()
         finally:
-            coalescer.close()
+            await coalescer.aclose()
             await stream.aclose()  # type: ignore[attr-defined]
         await self._flush(run)
 

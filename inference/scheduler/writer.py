@@ -70,8 +70,12 @@ class Coalescer:
     """When to send the text that has piled up: a piece that arrives after a quiet
     `interval` goes out at once; the pieces of a burst go out together once it is up.
 
-    `flush` sends what is pending. A flush made later by the timer is nobody's to fail:
-    the `late_errors` it raises are dropped (the next flush finds their cause again).
+    `flush` sends what is pending. One flush runs at a time, in the order they were asked
+    for, and a flush that has begun is never cancelled: the timer's flush and the loop's
+    used to overlap, and the loop's `close` cancelled the timer while its `XADD` was in
+    flight, so a delta could be lost or land after the next one. A flush made later by the
+    timer is nobody's to fail: the `late_errors` it raises are dropped (the next flush finds
+    their cause again).
     """
 
     def __init__(
@@ -85,25 +89,47 @@ class Coalescer:
         self.interval = interval
         self._late_errors = late_errors
         self._last = 0.0
+        self._lock = asyncio.Lock()
         self._timer: asyncio.Task[None] | None = None
+        self._timer_flushing = False
 
     async def pending(self) -> None:
         """New text is waiting: flush it now, or have the timer flush it when due."""
         now = asyncio.get_running_loop().time()
         if now - self._last >= self.interval:
-            self.close()
-            await self._flush()
+            self._cancel_waiting_timer()
+            async with self._lock:  # after a timer's flush in flight: events stay in order
+                await self._flush()
             self._last = now
         elif self._timer is None or self._timer.done():
             self._timer = asyncio.create_task(self._later(self.interval - (now - self._last)))
 
     async def _later(self, delay: float) -> None:
         await asyncio.sleep(delay)
-        with contextlib.suppress(*self._late_errors):
-            await self._flush()
+        async with self._lock:
+            self._timer_flushing = True
+            try:
+                with contextlib.suppress(*self._late_errors):
+                    await self._flush()
+            finally:
+                self._timer_flushing = False
+                self._last = asyncio.get_running_loop().time()
 
-    def close(self) -> None:
-        """Forget the timer's flush, if one is waiting."""
-        if self._timer is not None:
+    def _cancel_waiting_timer(self) -> None:
+        """Forget the timer's flush if it has not begun; one that has runs to its end."""
+        if self._timer is not None and not self._timer_flushing:
             self._timer.cancel()
             self._timer = None
+
+    async def aclose(self) -> None:
+        """No more timer flushes: a waiting one is forgotten, one under way is waited for,
+        so the caller's last flush comes after it. The late flush's own failure is dropped:
+        the caller's flush meets its cause again."""
+        timer, self._timer = self._timer, None
+        if timer is None or timer.done():
+            return
+        if not self._timer_flushing:
+            timer.cancel()
+        await asyncio.wait({timer})
+        if not timer.cancelled():
+            timer.exception()
