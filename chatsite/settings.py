@@ -253,11 +253,6 @@ LOGGING = {
     "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
 }
 
-# Inference plane. Workers named here are registered at scheduler start; staff add more in
-# admin. Format: "pool=url[,pool=url...]"; the pool's served model name is the pool name.
-INFERENCE_WORKERS = env_list("INFERENCE_WORKERS", [])
-INFERENCE_CLIENT = os.environ.get("INFERENCE_CLIENT", "inference.client.OpenAICompatibleClient")
-# Subscribers to what the inference plane reports (`inference.hooks`), called in this order.
 # What an edge process loads as it starts instead of during its first user's message: the
 # tokenizer that counts a context (0.25 s of CPU measured here) and the input classifiers'
 # models (scikit-learn: 2.5 s). Each a function without arguments; no database in them.
@@ -265,6 +260,12 @@ EDGE_WARM_UP = env_list(
     "EDGE_WARM_UP",
     ["inference.tokens.warm_default_tokenizer", "moderation.engine.warm_input"],
 )
+
+# Inference plane. Workers named here are registered at scheduler start; staff add more in
+# admin. Format: "pool=url[,pool=url...]"; the pool's served model name is the pool name.
+INFERENCE_WORKERS = env_list("INFERENCE_WORKERS", [])
+INFERENCE_CLIENT = os.environ.get("INFERENCE_CLIENT", "inference.client.OpenAICompatibleClient")
+# Subscribers to what the inference plane reports (`inference.hooks`), called in this order.
 INFERENCE_HOOKS = env_list(
     "INFERENCE_HOOKS",
     [

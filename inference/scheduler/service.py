@@ -100,10 +100,7 @@ class Scheduler:
     # Lifecycle
 
     async def run(self) -> None:
-        # What the first answer would load (the output classifiers, the tokenizer that counts
-        # a cancelled answer's tokens), loaded before the replica takes any.
-        await asyncio.to_thread(self.guard.warm)
-        await asyncio.to_thread(warm_default_tokenizer)
+        await asyncio.to_thread(self._warm)
         await sync_to_async(services.workers_sync_from_settings)()
         await self.housekeeping.heartbeat()
         await self.check_workers()
@@ -130,6 +127,12 @@ class Scheduler:
             await self.client.aclose()
             self.tools.shutdown()
             logger.info("scheduler %s stopped", self.replica_id)
+
+    def _warm(self) -> None:
+        """What the first answer would load (the output classifiers, the tokenizer that
+        counts a cancelled answer's tokens), loaded before the replica takes any."""
+        self.guard.warm()
+        warm_default_tokenizer()
 
     def stop(self) -> None:
         self._stopping.set()
