@@ -603,12 +603,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     from django.conf import settings
     from django.db import connections
 
+    from chatsite.catalog import catalog_changed
     from inference.models import ModelPool
 
     served = httpx.get(f"{args.workers[0]}/v1/models", timeout=10).json()["data"][0]["id"]
     raw_key = prepare(args.workers, served)
     # The conversation API takes no max_tokens: the pool's cap sets the answers' length.
     ModelPool.objects.filter(name=settings.DEFAULT_MODEL).update(max_output_tokens=args.max_tokens)
+    catalog_changed()  # update() sends no signal
     prompts, tokens = system_prompts(args.system_prompts, secrets.token_hex(4))
     connections.close_all()
 

@@ -532,9 +532,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw_key = prepare(urls, served)
     # The conversation API has no max_tokens of its own: the pool's cap makes its answers as
     # long as the other sides' (the prompts ask for more than that).
+    from chatsite.catalog import catalog_changed
     from inference.models import ModelPool
 
     ModelPool.objects.filter(name=settings.DEFAULT_MODEL).update(max_output_tokens=args.max_tokens)
+    catalog_changed()  # update() sends no signal
     connections.close_all()
 
     logs = Path(tempfile.mkdtemp(prefix="overhead-bench-"))

@@ -13,13 +13,14 @@ from django.db.models import Count, Exists, OuterRef, Q, QuerySet, Sum
 from django.db.models.functions import TruncDate
 from django.utils import timezone
 
+from chatsite.catalog import CATALOG
 from chatsite.errors import ServiceError
 from inference.models import ModelPool
 
 from . import quota
 from .defaults import FREE_PLAN
 from .errors import ErrorCode
-from .models import Plan, PlanPool, Statement, Subscription, UsageEvent
+from .models import Plan, PlanPool, PoolPrice, Statement, Subscription, UsageEvent
 
 
 def default_plan() -> Plan:
@@ -46,17 +47,36 @@ def plan_for_user(*, user: User) -> Plan:
     cached: Plan | None = getattr(user, _PLAN_CACHE, None)
     if cached is not None:
         return cached
-    # One statement for both cases: the subscription's plan if there is one, else the default.
-    subscribed = Subscription.objects.filter(user=user, plan=OuterRef("pk"))
-    plan = (
+    plan = plan_of(user_id=user.pk)
+    setattr(user, _PLAN_CACHE, plan)
+    return plan
+
+
+def plan_of(*, user_id: Any) -> Plan:
+    """The plan of the user `user_id`, from the process's catalog (`chatsite.catalog`: a
+    subscription, plan or plan pool saved anywhere makes every process read it again).
+    Shared by every request of the process: read-only."""
+    return CATALOG.get(("plan-of-user", user_id), lambda: _load_plan(user_id))
+
+
+def _load_plan(user_id: Any) -> Plan:
+    # One statement for both cases (and one for the plan's pools): the subscription's plan
+    # if there is one, else the default.
+    subscribed = Subscription.objects.filter(user_id=user_id, plan=OuterRef("pk"))
+    return (
         Plan.objects.prefetch_related("plan_pools")
         .annotate(subscribed=Exists(subscribed))
         .filter(Q(subscribed=True) | Q(is_default=True))
         .order_by("-subscribed", "pk")
         .first()
     ) or default_plan()
-    setattr(user, _PLAN_CACHE, plan)
-    return plan
+
+
+def pool_price(*, pool_id: Any) -> PoolPrice | None:
+    """What the pool's tokens cost (None: nothing), from the process's catalog."""
+    return CATALOG.get(
+        ("pool-price", pool_id), lambda: PoolPrice.objects.filter(pool_id=pool_id).first()
+    )
 
 
 def plan_forget(*, user: User) -> None:

@@ -34,7 +34,6 @@ from .models import (
     Invoice,
     Plan,
     PlanPool,
-    PoolPrice,
     Statement,
     StatementLine,
     Subscription,
@@ -46,7 +45,9 @@ from .selectors import (
     period_bounds,
     plan_for_user,
     plan_forget,
+    plan_of,
     pool_limits,
+    pool_price,
     usage_by_pool,
 )
 
@@ -217,10 +218,10 @@ def usage_record(*, generation: Generation, now: int | None = None) -> UsageEven
         raise ValueError("usage is recorded once a generation is final")
     held = quota.held(user_id=generation.user_id, reservation_id=str(generation.id))
     prompt, output = _charged(generation, held)
-    price = PoolPrice.objects.filter(pool_id=generation.pool_id).first()
+    price = pool_price(pool_id=generation.pool_id)
     input_price = price.input_micros_per_million if price else 0
     output_price = price.output_micros_per_million if price else 0
-    plan = plan_for_user(user=generation.user)
+    plan = plan_of(user_id=generation.user_id)
     event, _ = UsageEvent.objects.get_or_create(
         generation_id=generation.id,
         defaults={

@@ -24,6 +24,7 @@ from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
 
+from chatsite.catalog import CATALOG
 from chatsite.errors import ServiceError
 from chatsite.redis import sync_redis
 from chatsite.stream_events import StreamEvent
@@ -62,8 +63,13 @@ class GenerationRequest:
 
 
 def pool_named(*, model: str) -> ModelPool:
-    """The active pool serving `model`. Whether a plan may use it is billing's to judge."""
-    pool = ModelPool.objects.filter(name=model, is_active=True).first()
+    """The active pool serving `model`. Whether a plan may use it is billing's to judge.
+
+    From the process's catalog (`chatsite.catalog`; a pool saved anywhere makes every
+    process read it again): read-only."""
+    pool = CATALOG.get(
+        ("pool-named", model), lambda: ModelPool.objects.filter(name=model, is_active=True).first()
+    )
     if pool is None:
         raise ServiceError(ErrorCode.UNKNOWN_MODEL, f"No model named {model!r} is served.")
     return pool

@@ -9,6 +9,7 @@ from django.contrib.auth.models import User
 
 from billing import selectors
 from billing.tests.factories import subscribe
+from chatsite.catalog import catalog_changed
 from conversations.services import conversation_create
 from conversations.turns import turn_from_messages, turn_send
 from inference.models import ModelPool
@@ -55,6 +56,7 @@ def test_the_answer_budget_is_the_smallest_of_wish_plan_and_pool(
 ) -> None:
     subscribe(user, max_output_tokens=300)
     ModelPool.objects.filter(pk=pool.pk).update(max_output_tokens=200)
+    catalog_changed()  # update() sends no signal
 
     wished_less = turn_from_messages(
         user=user, model=pool.name, system_prompt="", messages=[("user", "a")], max_tokens=50

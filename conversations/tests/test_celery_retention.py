@@ -21,6 +21,7 @@ from billing.models import Plan, UsageEvent
 from billing.selectors import default_plan
 from billing.tests.factories import subscribe
 from chatsite.beat import SeedOnceDatabaseScheduler
+from chatsite.catalog import catalog_changed
 from chatsite.celery import app
 from chatsite.redis import sync_redis
 from conversations.events import user_event_publish, user_events_key
@@ -143,6 +144,7 @@ def test_the_retention_task_purges_only_history_past_each_plans_period(user: Use
     subscribe(keeper)  # no retention: kept forever
     on_default: User = UserFactory.create()  # no subscription: the default plan's retention
     Plan.objects.filter(pk=default_plan().pk).update(history_retention_days=90)
+    catalog_changed()  # update() sends no signal
 
     expired = _aged(user, 31)
     recent = _aged(user, 29)

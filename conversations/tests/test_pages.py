@@ -13,6 +13,7 @@ from django.conf import settings
 from django.test import Client
 
 from billing.models import Plan, PlanPool, Subscription
+from chatsite.catalog import catalog_changed
 from conversations.removal import conversation_remove
 from conversations.services import conversation_create
 from inference.models import ModelPool
@@ -123,6 +124,7 @@ def test_the_model_picker_follows_a_plan_that_lists_its_pools(logged_in: Client,
 
 def test_the_page_says_so_when_the_plan_has_no_model(logged_in: Client) -> None:
     ModelPool.objects.update(tiers=["pro"])
+    catalog_changed()  # update() sends no signal
 
     html = logged_in.get("/").content.decode()
 

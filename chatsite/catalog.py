@@ -1,0 +1,104 @@
+"""Rows that every turn reads and staff rarely change (plans, pools, prices), kept per process.
+
+What a process loads is kept under the catalog's version, a token in Redis. Any change to such
+a row replaces the token (`catalog_changed`): at once, and again when the change's transaction
+commits, so a process that read the old rows meanwhile drops them too. A later read in any
+process sees a new token and loads afresh; flushing Redis makes a new token as well. Each read
+costs one Redis GET instead of the statements it saves (a send read its plan, the plan's pools
+and its pool: three; a finish its user, plan and price: four).
+
+The apps whose rows these are call `catalog_changed` from their models' `post_save` and
+`post_delete` signals. A queryset's `update()` or `delete()` sends no signal: code that
+changes such rows that way calls `catalog_changed()` itself.
+
+Values are shared by every thread of the process: treat them as read-only.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import uuid
+from collections.abc import Callable, Hashable
+from typing import Any, TypeVar
+
+from django.db import transaction
+from redis.exceptions import RedisError
+
+from .redis import sync_redis
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+VERSION_KEY = "catalog:version"
+# Entries one process keeps at most (a user's plan is one each); past it, all are dropped.
+MAX_ENTRIES = 20_000
+
+
+class Catalog:
+    """A process's cache of catalog rows, valid while the version it was filled under is."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._version: str | None = None
+        self._entries: dict[Hashable, Any] = {}
+
+    def get(self, key: Hashable, load: Callable[[], T]) -> T:
+        """The value kept under `key`, or `load()`'s, kept for later reads."""
+        version = _current_version()
+        if version is None:
+            return load()  # Redis is unreachable: straight from the database, keep nothing
+        with self._lock:
+            if version != self._version:
+                self._entries.clear()
+                self._version = version
+            elif key in self._entries:
+                value: T = self._entries[key]
+                return value
+        value = load()
+        with self._lock:
+            # Kept only if no newer version was seen while it loaded.
+            if self._version == version:
+                if len(self._entries) >= MAX_ENTRIES:
+                    self._entries.clear()
+                self._entries[key] = value
+        return value
+
+    def forget(self) -> None:
+        """Drop everything this process keeps."""
+        with self._lock:
+            self._entries.clear()
+            self._version = None
+
+
+CATALOG = Catalog()
+
+
+def catalog_changed(**_: Any) -> None:
+    """Catalog rows changed: every process reloads them (also a signal receiver)."""
+    CATALOG.forget()
+    _new_version()
+    transaction.on_commit(_new_version, robust=True)
+
+
+def _new_version() -> None:
+    try:
+        sync_redis().set(VERSION_KEY, uuid.uuid4().hex)
+    except RedisError:
+        # Every process reads Redis before trusting what it keeps: none trusts it now.
+        logger.warning("could not publish a catalog change", exc_info=True)
+
+
+def _current_version() -> str | None:
+    redis = sync_redis()
+    try:
+        version = redis.get(VERSION_KEY)
+        if version is None:
+            # First read since Redis was emptied: a new token, whoever sets it first.
+            redis.set(VERSION_KEY, uuid.uuid4().hex, nx=True)
+            version = redis.get(VERSION_KEY)
+    except RedisError:
+        logger.warning("could not read the catalog version", exc_info=True)
+        return None
+    return None if version is None else str(version)
