@@ -8,8 +8,8 @@ costs one Redis GET instead of the statements it saves (a send read its plan, th
 and its pool: three; a finish its user, plan and price: four).
 
 The apps whose rows these are call `catalog_changed` from their models' `post_save` and
-`post_delete` signals. A queryset's `update()` or `delete()` sends no signal: code that
-changes such rows that way calls `catalog_changed()` itself.
+`post_delete` signals (a queryset's `delete()` sends them too). A queryset's `update()` sends
+none: code that changes such rows that way calls `catalog_changed()` itself.
 
 Values are shared by every thread of the process: treat them as read-only.
 """

@@ -41,6 +41,9 @@ async def generation_stream(
     user = await request_caller(request)
     if user is None:
         return error_response(401, ErrorCode.NOT_AUTHENTICATED, "Log in or send an API key.")
+    # The caller as found here (the key's owner, whatever the session says): the rate-limit
+    # headers describe them without looking the key up again.
+    request.user = user
     try:
         generation = await sync_to_async(selectors.generation_for_user)(
             user=user, generation_id=generation_id

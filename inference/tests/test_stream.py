@@ -114,6 +114,8 @@ async def test_stream_replays_a_finished_generation_with_ids(
         assert resp.headers["cache-control"] == "no-cache"
         assert resp.headers["x-accel-buffering"] == "no"
         assert "gzip" not in resp.headers.get("content-encoding", "")
+        # The key's owner's buckets, from the caller the view found (no second key lookup).
+        assert int(resp.headers["x-ratelimit-limit-requests"]) > 0
         events = [e for e in read_events(resp.iter_lines()) if e.event != "comment"]
 
     names = [e.event for e in events]
