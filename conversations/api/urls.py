@@ -2,11 +2,19 @@
 
 from django.urls import path
 
+from chatsite.threads import threaded_view
+
 from . import events, views
 
+# The turn's endpoints run on the edge's pool of threads (`chatsite.threads`): sends that
+# arrive at once overlap instead of queueing on the process's one sync thread.
 urlpatterns = [
     path("events/stream", events.user_event_stream, name="user-event-stream"),
-    path("conversations", views.ConversationListView.as_view(), name="conversation-list"),
+    path(
+        "conversations",
+        threaded_view(views.ConversationListView.as_view()),
+        name="conversation-list",
+    ),
     path(
         "conversations/<uuid:conversation_id>",
         views.ConversationDetailView.as_view(),
@@ -14,7 +22,7 @@ urlpatterns = [
     ),
     path(
         "conversations/<uuid:conversation_id>/messages",
-        views.MessageListView.as_view(),
+        threaded_view(views.MessageListView.as_view()),
         name="message-list",
     ),
     path(
@@ -24,12 +32,12 @@ urlpatterns = [
     ),
     path(
         "conversations/<uuid:conversation_id>/messages/<uuid:message_id>/edit",
-        views.MessageEditView.as_view(),
+        threaded_view(views.MessageEditView.as_view()),
         name="message-edit",
     ),
     path(
         "conversations/<uuid:conversation_id>/messages/<uuid:message_id>/regenerate",
-        views.MessageRegenerateView.as_view(),
+        threaded_view(views.MessageRegenerateView.as_view()),
         name="message-regenerate",
     ),
     path(

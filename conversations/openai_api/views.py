@@ -14,9 +14,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -35,6 +35,7 @@ from chatsite import sse
 from chatsite.auth import bearer_token
 from chatsite.errors import ServiceError
 from chatsite.stream_events import StreamEvent
+from chatsite.threads import in_thread
 from conversations import turns
 from conversations.unkept import unkept_discard, unkept_remember
 from inference import queue
@@ -47,28 +48,9 @@ from .parsing import ChatCompletionRequest, parse_chat_completion
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
-
 # Background work that outlives its request (removing an unkept conversation once its
 # cancelled answer is final): referenced here so the event loop does not drop it.
 _BACKGROUND: set[asyncio.Task[None]] = set()
-
-
-async def _in_thread(function: Callable[..., T], *args: Any) -> T:
-    """`function(*args)` off the event loop: on a thread of a pool, with a connection of its
-    own given back at the end, where `settings.EDGE_SYNC_THREADS` says so (sends arriving at
-    once overlap their database waits instead of queueing on the process's one sync thread);
-    else on that one thread."""
-    if not settings.EDGE_SYNC_THREADS:
-        return await sync_to_async(function)(*args)
-
-    def call() -> T:
-        try:
-            return function(*args)
-        finally:
-            connections.close_all()
-
-    return await sync_to_async(call, thread_sensitive=False)()
 
 
 async def _authenticate(request: HttpRequest) -> ApiKey:
@@ -82,7 +64,7 @@ async def _authenticate(request: HttpRequest) -> ApiKey:
             "You didn't provide an API key. Send it as 'Authorization: Bearer csk_...'.",
             code="missing_api_key",
         )
-    key = await _in_thread(_key_for, raw_key)
+    key = await in_thread(_key_for, raw_key)
     if key is None:
         raise OpenAIError(401, "Incorrect or revoked API key provided.", code="invalid_api_key")
     request.user = key.user
@@ -189,7 +171,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
         return _method_not_allowed("POST")
     try:
         # Per client IP, before any key lookup: the web chat's limit on message POSTs.
-        retry_after = await _in_thread(abuse_retry_after, request, "message_post")
+        retry_after = await in_thread(abuse_retry_after, request, "message_post")
         if retry_after is not None:
             raise OpenAIError(
                 429,
@@ -199,7 +181,7 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
             )
         key = await _authenticate(request)
         wanted = parse_chat_completion(request.body)
-        started = await _in_thread(_start, key, wanted, request.headers.get("Idempotency-Key"))
+        started = await in_thread(_start, key, wanted, request.headers.get("Idempotency-Key"))
     except OpenAIError as exc:
         return exc.response()
     except ServiceError as exc:

@@ -5,6 +5,7 @@ test_openai_api_e2e.py."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -372,6 +373,35 @@ async def test_a_whole_answer_is_a_chat_completion_stored_as_an_api_conversation
         ("assistant", "tok0 tok1 tok2 tok3 "),
     ]
     assert completion.id == f"chatcmpl-{(await generation_of(conversation_id)).pk}"
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_sends_arriving_at_once_each_get_their_own_answer_and_one_charge(
+    user: User, fake_workers: Any, live_edge: LiveEdge
+) -> None:
+    """The edge runs these sends' database work on a pool of threads (EDGE_SYNC_THREADS):
+    each still gets its own conversation, answer and usage event, and an unkept key's
+    conversations are all gone after."""
+    await sync_to_async(subscribe)(user)  # room for twelve at once
+    fake = fake_workers(tokens=3)
+    await sync_to_async(register_pool)(fake)
+    raw_key = await sync_to_async(key_for)(user, store=False)
+    client = async_openai(live_edge, raw_key)
+
+    async def ask(index: int) -> str:
+        completion = await client.chat.completions.create(
+            model="smollm2-135m", messages=[{"role": "user", "content": f"question {index}"}]
+        )
+        return completion.choices[0].message.content or ""
+
+    async with running_schedulers():
+        answers = await asyncio.gather(*(ask(index) for index in range(12)))
+
+    assert answers == ["tok0 tok1 tok2 "] * 12
+    asked = sorted(request["messages"][-1]["content"] for request in fake.requests)
+    assert asked == sorted(f"question {index}" for index in range(12))
+    assert await UsageEvent.objects.filter(user=user).acount() == 12
+    assert not await Conversation.objects.filter(owner=user).aexists()
 
 
 @pytest.mark.django_db(transaction=True)
