@@ -13,11 +13,13 @@ By default the row stays as a content-free tombstone; `keep_tombstone=False` lea
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Collection, Iterable
+from dataclasses import dataclass
 from typing import Any
 
-from django.db import transaction
-from django.db.models import ProtectedError, RestrictedError
+from django.db import models, transaction
+from django.db.models import ProtectedError, Q, RestrictedError, signals
 from django.utils import timezone
 
 from billing.services import reservation_release
@@ -35,13 +37,19 @@ from .summaries import summary_pending_key
 ABANDONED_STREAM_SECONDS = 60
 
 
-def conversation_remove(*, conversation: Conversation, keep_tombstone: bool = True) -> None:
-    """Remove `conversation` and everything that hangs on it; removing it again does nothing."""
+def conversation_remove(
+    *, conversation: Conversation, keep_tombstone: bool = True, unless_in_flight: bool = False
+) -> bool:
+    """Remove `conversation` and everything that hangs on it; removing it again does nothing.
+    With `unless_in_flight`, nothing is removed (False) while one of its answers is still
+    queued or streaming."""
     with transaction.atomic():
         generations = list(
             Generation.objects.filter(conversation=conversation).select_related("pool")
         )
         in_flight = [generation for generation in generations if not generation.is_final]
+        if in_flight and unless_in_flight:
+            return False
         if keep_tombstone or not _drop_row(conversation):
             _wipe(conversation)
         if in_flight:
@@ -55,6 +63,7 @@ def conversation_remove(*, conversation: Conversation, keep_tombstone: bool = Tr
             ),
             robust=True,
         )
+    return True
 
 
 def _wipe(conversation: Conversation) -> None:
@@ -85,15 +94,93 @@ def _drop_row(conversation: Conversation) -> bool:
     """Delete the conversation and, by cascade, everything on it; True once it is gone.
     False when other rows must keep pointing at it (a protected reference): it stays, for
     the caller to wipe to a content-free tombstone."""
+    plan = drop_plan()
     try:
         with transaction.atomic():
             # Locked first, as a send locks it: no message can join it while it goes.
             row = Conversation.objects.select_for_update().filter(pk=conversation.pk).first()
-            if row is not None:
+            if row is None:
+                return True
+            if plan is None:
                 row.delete()
+            else:
+                plan.run(row.pk)
     except (ProtectedError, RestrictedError):
         return False
     return True
+
+
+@dataclass(frozen=True)
+class DropPlan:
+    """The statements that drop a conversation's rows when every relation to it and its
+    messages is a plain cascade or set-null (`drop_plan`): one per related model, then the
+    messages and the conversation, where Django's collector first selects every message and
+    then deletes by lists of ids (a conversation with a row of every kind: 21 statements by the
+    collector, 14 so; removing an unkept `/v1` conversation: 23, now 15).
+
+    The conversation is locked meanwhile, and the rows refer to each other only within it
+    (replies, the current leaf); Postgres checks its foreign keys at commit."""
+
+    # Per related model, the lookups from its rows to the conversation's id.
+    deletes: tuple[tuple[type[models.Model], tuple[str, ...]], ...]
+    # (model, field to empty, lookup from its rows to the conversation's id).
+    nulls: tuple[tuple[type[models.Model], str, str], ...]
+
+    def run(self, conversation_id: Any) -> None:
+        for model, lookups in self.deletes:
+            where = Q()
+            for lookup in lookups:
+                where |= Q(**{lookup: conversation_id})
+            rows = model._base_manager.filter(where)
+            rows._raw_delete(rows.db)
+        for model, name, lookup in self.nulls:
+            model._base_manager.filter(**{lookup: conversation_id}).update(**{name: None})
+        messages = Message._base_manager.filter(conversation_id=conversation_id)
+        messages._raw_delete(messages.db)
+        row = Conversation._base_manager.filter(pk=conversation_id)
+        row._raw_delete(row.db)
+
+
+@functools.cache
+def drop_plan() -> DropPlan | None:
+    """How to drop a conversation's rows without Django's collector, read from the models'
+    relations to conversations and messages; None where some relation needs the collector
+    (a cascade that goes further, a protected or restricted reference, a delete signal)."""
+    if any(_observed(model) for model in (Conversation, Message)):
+        return None
+    deletes: dict[type[models.Model], list[str]] = {}
+    nulls: list[tuple[type[models.Model], str, str]] = []
+    for target, to_conversation in ((Conversation, "id"), (Message, "conversation_id")):
+        for relation in target._meta.get_fields(include_hidden=True):
+            if not (relation.auto_created and not relation.concrete and relation.is_relation):
+                continue
+            model: type[models.Model] = relation.related_model  # type: ignore[assignment]
+            if model in (Conversation, Message):
+                continue  # the rows being dropped, among themselves
+            field = relation.field  # type: ignore[union-attr]
+            lookup = f"{field.name}__{to_conversation}"
+            on_delete = relation.on_delete  # type: ignore[union-attr]
+            if on_delete is models.CASCADE and not _observed(model) and not _referenced(model):
+                deletes.setdefault(model, []).append(lookup)
+            elif on_delete is models.SET_NULL:
+                nulls.append((model, field.name, lookup))
+            else:
+                return None
+    return DropPlan(
+        deletes=tuple((model, tuple(lookups)) for model, lookups in deletes.items()),
+        nulls=tuple(nulls),
+    )
+
+
+def _observed(model: type[models.Model]) -> bool:
+    return signals.pre_delete.has_listeners(model) or signals.post_delete.has_listeners(model)
+
+
+def _referenced(model: type[models.Model]) -> bool:
+    return any(
+        field.auto_created and not field.concrete and field.is_relation
+        for field in model._meta.get_fields(include_hidden=True)
+    )
 
 
 def _abandon(generations: list[Generation]) -> None:

@@ -17,7 +17,6 @@ from chatsite.redis import sync_redis
 from conversations.models import Conversation
 from conversations.removal import conversation_remove
 from inference import queue
-from inference.models import Generation
 
 logger = logging.getLogger(__name__)
 
@@ -40,15 +39,10 @@ def unkept_discard(*, conversation_id: Any) -> bool:
     """Remove the conversation, leaving no tombstone, once none of its answers is in flight
     (their usage is settled by then); False, leaving it, while one still is."""
     conversation = Conversation.objects.filter(pk=conversation_id).first()
-    if conversation is not None:
-        in_flight = (
-            Generation.objects.filter(conversation=conversation)
-            .exclude(status__in=Generation.FINAL_STATUSES)
-            .exists()
-        )
-        if in_flight:
-            return False
-        conversation_remove(conversation=conversation, keep_tombstone=False)
+    if conversation is not None and not conversation_remove(
+        conversation=conversation, keep_tombstone=False, unless_in_flight=True
+    ):
+        return False
     sync_redis().zrem(_key(), str(conversation_id))
     return True
 
