@@ -124,6 +124,21 @@ async def test_a_stream_that_turns_bad_is_stopped_retracted_and_stored_blocked(
     assert INSULT in flag.excerpt
 
 
+async def test_a_trip_the_timer_finds_stops_an_answer_whose_tokens_outrun_the_interval(
+    user: User, small_windows: None, settings: Any
+) -> None:
+    """Tokens every 20 ms, text sent every 200 ms: every flush after the first is the
+    timer's, so the answer must stop at the chunk after a timer's check trips, not at a
+    flush of the loop's own that never comes (it used to stream to its end)."""
+    settings.SCHEDULER_COALESCE_MS = 200
+    turn, fake = await run_bad_answer(user)
+
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert generation.finish_reason == "content_filter"
+    assert fake.aborted == 1
+    assert len(generation.message.content) < len(CALM) * 40
+
+
 async def test_the_whole_text_is_checked_at_the_end(user: User, settings: Any) -> None:
     # Windows larger than the answer: only the final check sees it.
     settings.MODERATION_WINDOW_TOKENS = 2000
