@@ -22,6 +22,21 @@ from billing.selectors import rate_limit_headers
 logger = logging.getLogger(__name__)
 
 
+# Where a view that already ran the caller's database and Redis work on a thread left the
+# headers it read there (`headers_known`), so that the middleware needs no thread of its own.
+_KNOWN = "_billing_ratelimit_headers"
+
+
+def headers_known(request: HttpRequest, *, user: User) -> None:
+    """Read `user`'s rate-limit headers now, for this request's answer: for an async view
+    whose sync work (the turn) runs in one thread hop, which this joins. Advice only: a
+    failure leaves the middleware to read them itself."""
+    try:
+        setattr(request, _KNOWN, rate_limit_headers(user=user))
+    except Exception:
+        logger.exception("could not read the rate-limit state of user %s", user.pk)
+
+
 def _caller(request: HttpRequest) -> User | None:
     user = getattr(request, "user", None)
     if isinstance(user, User) and user.is_authenticated:
@@ -39,13 +54,17 @@ def _retry_after(response: HttpResponseBase) -> int | None:
     return int(seconds) if isinstance(seconds, int) else None
 
 
-def _decorate(request: HttpRequest, response: HttpResponseBase) -> None:
-    if not request.path.startswith(tuple(settings.BILLING_RATELIMIT_HEADER_PATHS)):
-        return
+def _retry_after_header(response: HttpResponseBase) -> None:
     if response.status_code == 429 and "Retry-After" not in response:
         retry = _retry_after(response)
         if retry is not None:
             response["Retry-After"] = str(retry)
+
+
+def _decorate(request: HttpRequest, response: HttpResponseBase) -> None:
+    if not request.path.startswith(tuple(settings.BILLING_RATELIMIT_HEADER_PATHS)):
+        return
+    _retry_after_header(response)
     user = _caller(request)
     if user is None:
         return
@@ -85,5 +104,11 @@ class RateLimitHeadersMiddleware:
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
         response = await self.get_response(request)  # type: ignore[misc]
         if request.path.startswith(tuple(settings.BILLING_RATELIMIT_HEADER_PATHS)):
-            await sync_to_async(_decorate)(request, response)
+            known: dict[str, str] | None = getattr(request, _KNOWN, None)
+            if known is None:
+                await sync_to_async(_decorate)(request, response)
+            else:
+                _retry_after_header(response)
+                for name, value in known.items():
+                    response[name] = value
         return response

@@ -30,6 +30,7 @@ from accounts.abuse import abuse_retry_after
 from accounts.errors import ErrorCode as AccountsErrorCode
 from accounts.models import ApiKey
 from accounts.services import api_key_authenticate
+from billing.middleware import headers_known
 from billing.selectors import plan_for_user, pools_for_plan
 from chatsite import sse
 from chatsite.auth import bearer_token
@@ -54,6 +55,10 @@ _BACKGROUND: set[asyncio.Task[None]] = set()
 
 
 async def _authenticate(request: HttpRequest) -> ApiKey:
+    return await in_thread(_authenticated_key, request)
+
+
+def _authenticated_key(request: HttpRequest) -> ApiKey:
     raw_key = bearer_token(request)
     # Whatever the session says, this API answers to keys only; the rate-limit headers
     # then describe the key's owner.
@@ -64,15 +69,11 @@ async def _authenticate(request: HttpRequest) -> ApiKey:
             "You didn't provide an API key. Send it as 'Authorization: Bearer csk_...'.",
             code="missing_api_key",
         )
-    key = await in_thread(_key_for, raw_key)
+    key = api_key_authenticate(raw_key=raw_key)
     if key is None:
         raise OpenAIError(401, "Incorrect or revoked API key provided.", code="invalid_api_key")
     request.user = key.user
     return key
-
-
-def _key_for(raw_key: str) -> ApiKey | None:
-    return api_key_authenticate(raw_key=raw_key)
 
 
 def _method_not_allowed(allowed: str) -> JsonResponse:
@@ -164,24 +165,34 @@ def _start(key: ApiKey, wanted: ChatCompletionRequest, idempotency_key: str | No
     return started
 
 
+def _accept(request: HttpRequest) -> tuple[ChatCompletionRequest, _Started]:
+    """Everything before the answer, in one thread hop: the client's limit, the key, the
+    request, the turn; for a stream also the rate-limit headers, which go out before it."""
+    # Per client IP, before any key lookup: the web chat's limit on message POSTs.
+    retry_after = abuse_retry_after(request, "message_post")
+    if retry_after is not None:
+        raise OpenAIError(
+            429,
+            "Too many requests from your network; please wait before trying again.",
+            code=AccountsErrorCode.RATE_LIMITED,
+            retry_after=retry_after,
+        )
+    key = _authenticated_key(request)
+    wanted = parse_chat_completion(request.body)
+    started = _start(key, wanted, request.headers.get("Idempotency-Key"))
+    if wanted.stream:
+        # A whole answer's headers are read after it, with its usage settled.
+        headers_known(request, user=key.user)
+    return wanted, started
+
+
 @csrf_exempt
 async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttpResponse:
     """Answer a chat, whole (`chat.completion`) or streamed (`chat.completion.chunk`s)."""
     if request.method != "POST":
         return _method_not_allowed("POST")
     try:
-        # Per client IP, before any key lookup: the web chat's limit on message POSTs.
-        retry_after = await in_thread(abuse_retry_after, request, "message_post")
-        if retry_after is not None:
-            raise OpenAIError(
-                429,
-                "Too many requests from your network; please wait before trying again.",
-                code=AccountsErrorCode.RATE_LIMITED,
-                retry_after=retry_after,
-            )
-        key = await _authenticate(request)
-        wanted = parse_chat_completion(request.body)
-        started = await in_thread(_start, key, wanted, request.headers.get("Idempotency-Key"))
+        wanted, started = await in_thread(_accept, request)
     except OpenAIError as exc:
         return exc.response()
     except ServiceError as exc:

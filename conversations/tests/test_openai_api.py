@@ -460,8 +460,11 @@ async def test_a_stream_carries_the_rate_limit_headers_and_ends_with_done(
 
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/event-stream")
-    assert response.headers["x-ratelimit-limit-requests"]
-    assert response.headers["x-ratelimit-remaining-tokens"]
+    # The caller's buckets as this request left them: its request counted, its tokens held.
+    limit = int(response.headers["x-ratelimit-limit-requests"])
+    assert int(response.headers["x-ratelimit-remaining-requests"]) == limit - 1
+    tokens = int(response.headers["x-ratelimit-limit-tokens"])
+    assert 0 <= int(response.headers["x-ratelimit-remaining-tokens"]) < tokens
     assert lines[-1] == "data: [DONE]"
     # No usage chunk unless asked for, and no `usage` key in the chunks either.
     assert all('"usage"' not in line for line in lines)
