@@ -208,17 +208,12 @@ class Runs:
         coalescer = Coalescer(
             lambda: self._flush(run),
             interval=settings.SCHEDULER_COALESCE_MS / 1000,
-            # A trip found by the timer stops the answer at the loop's next chunk.
+            # A trip found by the timer stops the answer at the loop's next piece of text
+            # (closing the stream aborts the request in vLLM).
             late_errors=(ContentBlocked,),
         )
         try:
             async for chunk in stream:
-                if run.moderation is not None and run.moderation.blocked is not None:
-                    # A check the timer's flush made has tripped: stop at once (closing the
-                    # stream aborts the request in vLLM). Waiting for the loop's own next
-                    # flush let an answer whose tokens come faster than the coalescing
-                    # interval run to its end, since every flush was then the timer's.
-                    raise ContentBlocked
                 if chunk.usage:
                     run.usage = _add_usage(run.spent, chunk.usage)
                 if chunk.finish_reason:

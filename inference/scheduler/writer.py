@@ -8,7 +8,6 @@ SSE id). Tokens are not sent one by one: a `Coalescer` gathers them into an even
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
@@ -106,8 +105,9 @@ class Coalescer:
     for, and a flush that has begun is never cancelled: the timer's flush and the loop's
     used to overlap, and the loop's `close` cancelled the timer while its `XADD` was in
     flight, so a delta could be lost or land after the next one. A flush made later by the
-    timer is nobody's to fail: the `late_errors` it raises are dropped (the next flush finds
-    their cause again).
+    timer has no caller to fail: one of the `late_errors` it raises is kept, and the next
+    `pending()` raises it. (Left for the loop's next flush of its own to find again, it was
+    never raised when pieces came faster than `interval`: every flush was then the timer's.)
     """
 
     def __init__(
@@ -124,9 +124,13 @@ class Coalescer:
         self._lock = asyncio.Lock()
         self._timer: asyncio.Task[None] | None = None
         self._timer_flushing = False
+        self._late: Exception | None = None
 
     async def pending(self) -> None:
-        """New text is waiting: flush it now, or have the timer flush it when due."""
+        """New text is waiting: flush it now, or have the timer flush it when due. Raises
+        what a timer's flush met, if it met one of the `late_errors`."""
+        if self._late is not None:
+            raise self._late
         now = asyncio.get_running_loop().time()
         if now - self._last >= self.interval:
             self._cancel_waiting_timer()
@@ -141,8 +145,9 @@ class Coalescer:
         async with self._lock:
             self._timer_flushing = True
             try:
-                with contextlib.suppress(*self._late_errors):
-                    await self._flush()
+                await self._flush()
+            except self._late_errors as exc:
+                self._late = exc
             finally:
                 self._timer_flushing = False
                 self._last = asyncio.get_running_loop().time()
