@@ -1,5 +1,4 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_delete, post_save
 
 
 class BillingConfig(AppConfig):
@@ -7,14 +6,9 @@ class BillingConfig(AppConfig):
     name = "billing"
 
     def ready(self) -> None:
-        from chatsite.catalog import catalog_changed
+        from chatsite.catalog import catalog_rows
 
         from .models import Plan, PlanPool, PoolPrice, Subscription
 
-        # Every process keeps plans, their pools, prices and who is on which plan
-        # (`chatsite.catalog`): a change to any of them makes every process read them again.
-        for model in (Plan, PlanPool, PoolPrice, Subscription):
-            for signal in (post_save, post_delete):
-                signal.connect(
-                    catalog_changed, sender=model, dispatch_uid=f"catalog-{model.__name__}"
-                )
+        # Every process keeps plans, their pools, prices and who is on which plan.
+        catalog_rows(Plan, PlanPool, PoolPrice, Subscription)

@@ -7,9 +7,10 @@ process sees a new token and loads afresh; flushing Redis makes a new token as w
 costs one Redis GET instead of the statements it saves (a send read its plan, the plan's pools
 and its pool: three; a finish its user, plan and price: four).
 
-The apps whose rows these are call `catalog_changed` from their models' `post_save` and
-`post_delete` signals (a queryset's `delete()` sends them too). A queryset's `update()` sends
-none: code that changes such rows that way calls `catalog_changed()` itself.
+The apps whose rows these are name their models with `catalog_rows` (in `ready()`), which
+calls `catalog_changed` on their `post_save` and `post_delete` signals (a queryset's `delete()`
+sends them too). A queryset's `update()` sends none: code that changes such rows that way
+calls `catalog_changed()` itself.
 
 Values are shared by every thread of the process: treat them as read-only.
 """
@@ -22,7 +23,8 @@ import uuid
 from collections.abc import Callable, Hashable
 from typing import Any, TypeVar
 
-from django.db import transaction
+from django.db import models, transaction
+from django.db.models.signals import post_delete, post_save
 from redis.exceptions import RedisError
 
 from .redis import sync_redis
@@ -80,6 +82,15 @@ def catalog_changed(**_: Any) -> None:
     CATALOG.forget()
     _new_version()
     transaction.on_commit(_new_version, robust=True)
+
+
+def catalog_rows(*kept: type[models.Model]) -> None:
+    """Every save or delete of a row of these models is a catalog change."""
+    for model in kept:
+        for signal in (post_save, post_delete):
+            signal.connect(
+                catalog_changed, sender=model, dispatch_uid=f"catalog-{model._meta.label}"
+            )
 
 
 def _new_version() -> None:

@@ -1,5 +1,4 @@
 from django.apps import AppConfig
-from django.db.models.signals import post_delete, post_save
 
 from .hooks import get_hooks
 
@@ -22,11 +21,9 @@ class InferenceConfig(AppConfig):
         configured_runner()
         configured_guard()
 
-        from chatsite.catalog import catalog_changed
+        from chatsite.catalog import catalog_rows
 
         from .models import ModelPool
 
-        # Every process keeps the pools by name (`chatsite.catalog`): a change to one makes
-        # every process read them again.
-        for signal in (post_save, post_delete):
-            signal.connect(catalog_changed, sender=ModelPool, dispatch_uid="catalog-ModelPool")
+        # Every process keeps the pools by name.
+        catalog_rows(ModelPool)
