@@ -31,10 +31,18 @@ def headers_known(request: HttpRequest, *, user: User) -> None:
     """Read `user`'s rate-limit headers now, for this request's answer: for an async view
     whose sync work (the turn) runs in one thread hop, which this joins. Advice only: a
     failure leaves the middleware to read them itself."""
+    headers = _read(user)
+    if headers is not None:
+        setattr(request, _KNOWN, headers)
+
+
+def _read(user: User) -> dict[str, str] | None:
     try:
-        setattr(request, _KNOWN, rate_limit_headers(user=user))
+        return rate_limit_headers(user=user)
     except Exception:
+        # Headers are advice: an answer is never lost for want of them.
         logger.exception("could not read the rate-limit state of user %s", user.pk)
+        return None
 
 
 def _caller(request: HttpRequest) -> User | None:
@@ -54,27 +62,18 @@ def _retry_after(response: HttpResponseBase) -> int | None:
     return int(seconds) if isinstance(seconds, int) else None
 
 
-def _retry_after_header(response: HttpResponseBase) -> None:
+def _decorate(request: HttpRequest, response: HttpResponseBase) -> None:
+    if not request.path.startswith(tuple(settings.BILLING_RATELIMIT_HEADER_PATHS)):
+        return
     if response.status_code == 429 and "Retry-After" not in response:
         retry = _retry_after(response)
         if retry is not None:
             response["Retry-After"] = str(retry)
-
-
-def _decorate(request: HttpRequest, response: HttpResponseBase) -> None:
-    if not request.path.startswith(tuple(settings.BILLING_RATELIMIT_HEADER_PATHS)):
-        return
-    _retry_after_header(response)
-    user = _caller(request)
-    if user is None:
-        return
-    try:
-        headers = rate_limit_headers(user=user)
-    except Exception:
-        # Headers are advice: an answer is never lost for want of them.
-        logger.exception("could not read the rate-limit state of user %s", user.pk)
-        return
-    for name, value in headers.items():
+    headers: dict[str, str] | None = getattr(request, _KNOWN, None)
+    if headers is None:
+        user = _caller(request)
+        headers = _read(user) if user is not None else None
+    for name, value in (headers or {}).items():
         response[name] = value
 
 
@@ -103,12 +102,8 @@ class RateLimitHeadersMiddleware:
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
         response = await self.get_response(request)  # type: ignore[misc]
-        if request.path.startswith(tuple(settings.BILLING_RATELIMIT_HEADER_PATHS)):
-            known: dict[str, str] | None = getattr(request, _KNOWN, None)
-            if known is None:
-                await sync_to_async(_decorate)(request, response)
-            else:
-                _retry_after_header(response)
-                for name, value in known.items():
-                    response[name] = value
+        if hasattr(request, _KNOWN):
+            _decorate(request, response)  # reads nothing: no thread needed
+        elif request.path.startswith(tuple(settings.BILLING_RATELIMIT_HEADER_PATHS)):
+            await sync_to_async(_decorate)(request, response)
         return response
