@@ -40,9 +40,9 @@ def _fast_password_hashing(settings: Any) -> None:
 
 @pytest.fixture(autouse=True)
 def _sync_code_on_the_test_thread(settings: Any) -> None:
-    """In-process clients see the test's transaction only on the thread that opened it: the
-    `/v1` view's database work stays there (`EDGE_SYNC_THREADS`). The live edge, a process
-    of its own, runs it in its pool of threads as production does."""
+    """In-process clients see the test's transaction only on the thread that opened it: a
+    turn's database work stays there (`EDGE_SYNC_THREADS`). The live edge, a process of its
+    own, runs it in its pool of threads as production does."""
     settings.EDGE_SYNC_THREADS = False
 
 

@@ -261,11 +261,12 @@ EDGE_WARM_UP = env_list(
     ["inference.tokens.warm_default_tokenizer", "moderation.engine.warm_input"],
 )
 
-# Where the `/v1` chat view runs its database work (key, checks, the turn): True, in a pool of
-# threads, each with its own connection from the pool, so that sends arriving at once overlap
-# their waits on Postgres and Redis; False, on the one thread Django gives a process's sync
-# code, one after the other. The suite's in-process clients set it False: their test
-# transaction is seen only on the calling thread (its live edge runs as production does).
+# Where the edge runs the sync work of a turn (`chatsite.threads`: `/v1` chat requests and the
+# conversation API's create, send, edit and regenerate): True, in a pool of threads, each with
+# its own connection from the pool, so that sends arriving at once overlap their waits on
+# Postgres and Redis; False, on the one thread Django gives a process's sync code, one after
+# the other. The suite's in-process clients set it False: their test transaction is seen only
+# on the calling thread (its live edge runs as production does).
 EDGE_SYNC_THREADS = env_bool("EDGE_SYNC_THREADS", True)
 
 # Inference plane. Workers named here are registered at scheduler start; staff add more in
