@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -139,6 +139,27 @@ def conversation_create(
     `model` defaults to `settings.DEFAULT_MODEL`; a title given here counts as set by the
     user, so automatic titling leaves it alone.
     """
+    conversation = conversation_new(
+        owner=owner, model=model, system_prompt=system_prompt, title=title, source=source
+    )
+    with transaction.atomic():
+        root = _root(conversation)
+        conversation.current_leaf = root
+        conversation.save()
+        root.save()
+    return conversation
+
+
+def conversation_new(
+    *,
+    owner: Any,
+    model: str | None = None,
+    system_prompt: str = "",
+    title: str = "",
+    source: str = Conversation.Source.WEB,
+) -> Conversation:
+    """A conversation checked as `conversation_create` checks it, not yet saved: for a turn
+    that writes it together with its first messages (`conversation_write_new_branch`)."""
     model = (model if model is not None else settings.DEFAULT_MODEL).strip()
     if not model or len(model) > Conversation._meta.get_field("model").max_length:  # type: ignore[operator]
         raise ServiceError(ErrorCode.UNKNOWN_MODEL, f"Unknown model {model!r}.")
@@ -150,25 +171,26 @@ def conversation_create(
             detail={"max_chars": settings.SYSTEM_PROMPT_MAX_CHARS, "chars": len(system_prompt)},
         )
     title = _check_title(title)
-    with transaction.atomic():
-        conversation = Conversation.objects.create(
-            owner=owner,
-            model=model,
-            system_prompt=system_prompt,
-            title=title,
-            title_set_by_user=bool(title),
-            source=source,
-            last_activity_at=timezone.now(),
-        )
-        root = Message.objects.create(
-            conversation=conversation,
-            role=Message.Role.SYSTEM,
-            content=system_prompt,
-            status=Message.Status.COMPLETE,
-        )
-        conversation.current_leaf = root
-        conversation.save(update_fields=["current_leaf"])
-    return conversation
+    return Conversation(
+        id=uuid.uuid4(),
+        owner=owner,
+        model=model,
+        system_prompt=system_prompt,
+        title=title,
+        title_set_by_user=bool(title),
+        source=source,
+        last_activity_at=timezone.now(),
+    )
+
+
+def _root(conversation: Conversation) -> Message:
+    return Message(
+        id=uuid.uuid4(),
+        conversation=conversation,
+        role=Message.Role.SYSTEM,
+        content=conversation.system_prompt,
+        status=Message.Status.COMPLETE,
+    )
 
 
 def message_send(
@@ -299,6 +321,39 @@ BranchTurn = tuple[str, str] | tuple[str, str, dict[str, Any]]
 _BRANCH_ROLES = (Message.Role.USER, Message.Role.ASSISTANT, Message.Role.TOOL)
 
 
+def _check_branch(messages: Sequence[BranchTurn]) -> None:
+    if not messages or messages[-1][0] not in (Message.Role.USER, Message.Role.TOOL):
+        raise ValueError("a branch to answer ends with a user message or a tool result")
+    if any(message[0] not in _BRANCH_ROLES for message in messages):
+        raise ValueError("a branch holds user, assistant and tool turns only")
+    for message in messages:
+        if len(message[1]) > settings.MESSAGE_MAX_CHARS:
+            _check_content(message[1])
+    if messages[-1][0] == Message.Role.USER:
+        _check_content(messages[-1][1])
+
+
+def _branch_rows(conversation: Conversation, messages: Sequence[BranchTurn]) -> list[Message]:
+    """`messages` as rows of `conversation`, each the reply to the one before it (the first
+    one's parent is left to the caller)."""
+    rows = [
+        Message(
+            id=uuid.uuid4(),
+            conversation=conversation,
+            role=role,
+            content=content,
+            status=Message.Status.COMPLETE,
+            model=conversation.model if role == Message.Role.ASSISTANT else "",
+            metadata=dict(rest[0]) if rest else {},
+        )
+        for role, content, *rest in messages
+    ]
+    for above, row in itertools.pairwise(rows):
+        row.parent = above
+        above.current_child = row
+    return rows
+
+
 def conversation_write_branch(
     *, conversation: Conversation, messages: Sequence[BranchTurn]
 ) -> tuple[Message, Message]:
@@ -310,15 +365,7 @@ def conversation_write_branch(
     user turn to answer or with the results (`tool` turns) of the client's tool calls. A
     last user message must be non-empty; a tool result may be empty.
     """
-    if not messages or messages[-1][0] not in (Message.Role.USER, Message.Role.TOOL):
-        raise ValueError("a branch to answer ends with a user message or a tool result")
-    if any(message[0] not in _BRANCH_ROLES for message in messages):
-        raise ValueError("a branch holds user, assistant and tool turns only")
-    for message in messages:
-        if len(message[1]) > settings.MESSAGE_MAX_CHARS:
-            _check_content(message[1])
-    if messages[-1][0] == Message.Role.USER:
-        _check_content(messages[-1][1])
+    _check_branch(messages)
     with transaction.atomic():
         _lock(conversation)
         _check_idle(conversation)
@@ -332,25 +379,53 @@ def conversation_write_branch(
             raise ServiceError(
                 ErrorCode.UNKNOWN_PARENT, "The conversation has no message to follow."
             )
-        rows = [
-            Message(
-                id=uuid.uuid4(),
-                conversation=conversation,
-                role=role,
-                content=content,
-                status=Message.Status.COMPLETE,
-                model=conversation.model if role == Message.Role.ASSISTANT else "",
-                metadata=dict(rest[0]) if rest else {},
-            )
-            for role, content, *rest in messages
-        ]
-        for above, row in zip([parent_message, *rows], rows, strict=False):
-            row.parent = above
-        for row, below in itertools.pairwise(rows):
-            row.current_child = below
+        rows = _branch_rows(conversation, messages)
+        rows[0].parent = parent_message
         Message.objects.bulk_create(rows)
         placeholder = _add_assistant_placeholder(conversation, rows[-1])
         rows[-1].current_child = placeholder
         rows[-1].save(update_fields=["current_child"])
         _show_leaf(conversation, placeholder, new_activity=True)
     return rows[-1], placeholder
+
+
+def conversation_write_new_branch(
+    *,
+    conversation: Conversation,
+    messages: Sequence[BranchTurn],
+    count_tokens: Callable[[str], int] | None = None,
+) -> list[Message]:
+    """Save `conversation` (from `conversation_new`) with its root, `messages` as its one
+    branch (as `conversation_write_branch` takes them) and the placeholder of their answer
+    as its leaf; return the branch, root first, ending with the placeholder.
+
+    Nobody else can see a conversation before this commits, so nothing is locked or read
+    back: one row for the conversation and one statement for all its messages (Postgres
+    checks the references between them at commit). `count_tokens`, if given, fills in each
+    message's token count (not the placeholder's) before it is written, saving the updates
+    the context's count would cost.
+    """
+    _check_branch(messages)
+    root = _root(conversation)
+    rows = _branch_rows(conversation, messages)
+    placeholder = Message(
+        id=uuid.uuid4(),
+        conversation=conversation,
+        role=Message.Role.ASSISTANT,
+        content="",
+        status=Message.Status.QUEUED,
+        model=conversation.model,
+    )
+    branch = [root, *rows, placeholder]
+    for above, row in itertools.pairwise(branch):
+        row.parent = above
+        above.current_child = row
+    if count_tokens is not None:
+        for message in branch[:-1]:  # the placeholder's is counted once it has its text
+            message.content_tokens = count_tokens(message.content)
+    conversation.current_leaf = placeholder
+    # Within the caller's transaction, no savepoint: a failure here fails the turn whole.
+    with transaction.atomic(savepoint=False):
+        conversation.save(force_insert=True)
+        Message.objects.bulk_create(branch)
+    return branch

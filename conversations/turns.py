@@ -98,8 +98,8 @@ def turn_send(
     return _queued_turn(
         user=user,
         conversation=conversation,
-        write=lambda: services.message_send(
-            conversation=conversation, content=content, parent=parent
+        write=lambda: Written(
+            *services.message_send(conversation=conversation, content=content, parent=parent)
         ),
         content=content,
         idempotency_key=idempotency_key,
@@ -119,7 +119,7 @@ def turn_edit(
     return _queued_turn(
         user=user,
         conversation=message.conversation,
-        write=lambda: services.message_edit(message=message, content=content),
+        write=lambda: Written(*services.message_edit(message=message, content=content)),
         content=content,
         idempotency_key=idempotency_key,
         request={"action": "edit", "message": message.pk, "content": content},
@@ -131,14 +131,25 @@ def turn_regenerate(*, user: User, message: Message, idempotency_key: str | None
     return _queued_turn(
         user=user,
         conversation=message.conversation,
-        write=lambda: (None, services.message_regenerate(message=message)),
+        write=lambda: Written(None, services.message_regenerate(message=message)),
         content=None,
         idempotency_key=idempotency_key,
         request={"action": "regenerate", "message": message.pk},
     )
 
 
-_Write = Callable[[], tuple[Message | None, Message]]
+@dataclass(frozen=True)
+class Written:
+    """What a turn's tree change wrote: the user's new message (None for a regeneration),
+    the placeholder of the answer and, where the writer knows it without reading it back,
+    the branch on screen (root first, ending with the placeholder)."""
+
+    user_message: Message | None
+    placeholder: Message
+    branch: list[Message] | None = None
+
+
+_Write = Callable[[], Written]
 
 
 def _queued_turn(
@@ -222,12 +233,16 @@ def _write_and_start(
     wanted = max_tokens or plan.max_output_tokens
     max_tokens = min(wanted, plan.max_output_tokens, pool.max_output_tokens)
     verdict = None
+    # A conversation written together with this turn has no row yet: a flag made before it
+    # has none to point at (as after the conversation is removed on a refusal).
+    saved = None if conversation._state.adding else conversation
     if content is not None and content.strip() and len(content) <= settings.MESSAGE_MAX_CHARS:
-        verdict = moderation_check_input(user=user, conversation=conversation, content=content)
+        verdict = moderation_check_input(user=user, conversation=saved, content=content)
     generation: Generation | None = None
     try:
         with transaction.atomic():
-            user_message, placeholder = write()
+            written = write()
+            user_message, placeholder = written.user_message, written.placeholder
             generation = generation_start(
                 message=placeholder,
                 user=user,
@@ -238,6 +253,7 @@ def _write_and_start(
                 params=params,
                 tools=tools,
                 tool_choice=tool_choice,
+                branch=written.branch,
             )
     except BaseException:
         if generation is not None:
@@ -280,9 +296,14 @@ def generation_start(
     params: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
     tool_choice: str | dict[str, Any] | None = None,
+    branch: Sequence[Message] | None = None,
 ) -> Generation:
     """Assemble the context for a queued assistant placeholder, reserve, and queue its
     generation after commit: steps 4-6 of a turn.
+
+    `branch`: the branch on screen as just written whole with a new conversation (root
+    first, ending with the placeholder; `services.conversation_write_new_branch`), taken as
+    it is instead of read back, and known to have no summary yet.
 
     Without `tools`, the model is offered the tools this user may call in this conversation
     (`conversation_tools`), and the scheduler runs the calls it makes (the tool loop). With
@@ -292,7 +313,8 @@ def generation_start(
     if message.role != Message.Role.ASSISTANT or message.status != Message.Status.QUEUED:
         raise ValueError("a generation starts from a queued assistant placeholder")
     conversation = message.conversation
-    branch = active_branch(conversation=conversation)
+    new = branch is not None
+    branch = list(branch) if branch is not None else active_branch(conversation=conversation)
     if not branch or branch[-1].pk != message.pk:
         raise ValueError("the placeholder must be the conversation's current leaf")
     branch = branch[:-1]
@@ -309,7 +331,7 @@ def generation_start(
         branch=branch,
         tokenizer=tokenizer,
         budget_tokens=budget_tokens,
-        summary=summary_for_branch(branch=branch),
+        summary=None if new else summary_for_branch(branch=branch),
     )
     # Turns dropped that no summary covers: the branch's summary is due.
     summary_request_if_needed(
@@ -381,22 +403,31 @@ def turn_from_messages(
     takes the same path as the web chat's: plan, input checks, reservation, scheduler. On a
     refusal the conversation is removed again, so a refused request leaves nothing behind.
     """
-    # The turn judges the model against the plan; a refusal removes the conversation again.
-    conversation = services.conversation_create(
+    # The conversation is written with the turn, in its transaction: a refusal before or in
+    # it leaves nothing behind; one after it (the flag of a text sent for review) removes it.
+    conversation = services.conversation_new(
         owner=user,
         model=model or None,
         system_prompt=system_prompt,
         source=Conversation.Source.API,
     )
+
+    def write() -> Written:
+        tokenizer = pool_tokenizer(pool_named(model=conversation.model))
+        branch = services.conversation_write_new_branch(
+            conversation=conversation,
+            messages=messages,
+            count_tokens=lambda text: count_tokens(tokenizer, text),
+        )
+        return Written(branch[-2], branch[-1], branch)
+
     # Every message here is the client's own text, never checked before: all of it is new.
     written = "\n\n".join(part for part in [system_prompt, *(m[1] for m in messages)] if part)
     try:
         turn = _queued_turn(
             user=user,
             conversation=conversation,
-            write=lambda: services.conversation_write_branch(
-                conversation=conversation, messages=messages
-            ),
+            write=write,
             content=written,
             idempotency_key=idempotency_key,
             request={
@@ -415,8 +446,7 @@ def turn_from_messages(
             tool_choice=tool_choice,
         )
     except BaseException:
-        conversation_remove(conversation=conversation, keep_tombstone=False)
+        if not conversation._state.adding:
+            conversation_remove(conversation=conversation, keep_tombstone=False)
         raise
-    if turn.replayed:
-        conversation_remove(conversation=conversation, keep_tombstone=False)
     return turn

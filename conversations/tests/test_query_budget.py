@@ -1,7 +1,8 @@
 """How many SQL statements a turn costs, held to a budget (Django's query capture): a send,
-an edit and a regeneration each, for a caller who has sent before (the plan, the key and the
-pool are read as on any later turn). Lower a budget when a change saves statements; a change
-that needs more must say why here."""
+an edit and a regeneration each, and a `/v1` request (a new conversation with its messages),
+for a caller who has sent before (the plan, the key and the pool are read as on any later
+turn). Lower a budget when a change saves statements; a change that needs more must say why
+here."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ from typing import Any
 
 import pytest
 from django.db import connection
+from django.test import Client
 from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
+from accounts.services import api_key_create
 from conversations.models import Conversation
 
 from .factories import ConversationFactory, exchange
@@ -26,6 +29,10 @@ API = "/api/v1/conversations"
 SEND_BUDGET = 22
 EDIT_BUDGET = 23
 REGENERATE_BUDGET = 21
+# The key, the sanction check, then one transaction: the conversation, all its messages in one
+# statement, the conversation's tool switches, the generation (26 when the conversation was
+# created on its own first, and its messages written and read back as a send does).
+V1_BUDGET = 8
 
 
 @pytest.fixture
@@ -37,10 +44,10 @@ def conversation(user: Any, api_client: APIClient) -> Conversation:
     return conversation
 
 
-def statements(call: Any) -> tuple[int, list[str]]:
+def statements(call: Any, *, status: int = 201) -> tuple[int, list[str]]:
     with CaptureQueriesContext(connection) as captured:
         response = call()
-    assert response.status_code == 201, response.content
+    assert response.status_code == status, response.content
     return len(captured.captured_queries), [q["sql"][:160] for q in captured.captured_queries]
 
 
@@ -69,3 +76,33 @@ def test_a_regeneration_stays_within_its_budget(
         lambda: api_client.post(f"{API}/{conversation.pk}/messages/{answer.pk}/regenerate")
     )
     assert count <= REGENERATE_BUDGET, "\n".join(sql)
+
+
+# Committed for real: the view gives its connection back once the turn is queued.
+@pytest.mark.django_db(transaction=True)
+def test_a_v1_request_stays_within_its_budget(user: Any) -> None:
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {api_key_create(user=user, name='v1')[1]}")
+    history = [
+        {"role": "system", "content": "Be brief."},
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "an answer"},
+        {"role": "user", "content": "two"},
+    ]
+
+    def ask() -> Any:
+        # Streamed: the view answers once the turn is queued (the stream is not read here).
+        body = {"model": "smollm2-135m", "messages": history, "stream": True}
+        return client.post("/v1/chat/completions", body, "application/json")
+
+    assert ask().status_code == 200
+    count, sql = statements(ask, status=200)
+    assert count <= V1_BUDGET, "\n".join(sql)
+    conversation = Conversation.objects.filter(owner=user).order_by("-created_at").first()
+    assert conversation is not None
+    # Written whole: root, the three turns, the placeholder as the leaf, tokens counted.
+    branch = list(conversation.messages.order_by("created_at"))
+    assert [m.role for m in branch] == ["system", "user", "assistant", "user", "assistant"]
+    assert conversation.current_leaf_id == branch[-1].pk
+    assert [m.parent_id for m in branch[1:]] == [m.pk for m in branch[:-1]]
+    assert [m.current_child_id for m in branch[:-1]] == [m.pk for m in branch[1:]]
+    assert all(m.content_tokens for m in branch[:-1]) and branch[-1].content_tokens is None

@@ -17,7 +17,7 @@ from chatsite.testing import assert_error
 from conversations.models import Conversation, Message
 from conversations.turns import turn_send
 from inference import queue
-from inference.models import Generation
+from inference.models import Generation, ModelPool
 from moderation import services
 from moderation.models import AuditEntry, Flag, Sanction
 
@@ -51,6 +51,30 @@ def test_a_blocked_input_is_refused_costs_nothing_and_leaves_a_flag(
     assert flag.excerpt == HARMFUL
     assert flag.categories == ["S9"] and flag.scores["S9"] == 1.0
     assert flag.backend == "local"
+
+
+def test_a_blocked_v1_request_leaves_a_flag_and_no_conversation(
+    user: User, pool: ModelPool
+) -> None:
+    from django.test import Client
+
+    from accounts.services import api_key_create
+
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {api_key_create(user=user, name='t')[1]}")
+    body = {"model": pool.name, "messages": [{"role": "user", "content": HARMFUL}]}
+
+    response = client.post("/v1/chat/completions", body, "application/json")
+
+    assert response.status_code == 400, response.content
+    assert response.json()["error"]["code"] == "content_blocked"
+    # The conversation would have been written with the turn: there is none, and nothing
+    # was queued or reserved; the flag survives, pointing at no conversation.
+    assert not Conversation.objects.filter(owner=user).exists()
+    assert not Generation.objects.filter(user=user).exists()
+    assert quota.concurrency_in_use(user_id=user.pk, now=quota.now_ms()) == 0
+    flag = Flag.objects.get(user=user)
+    assert (flag.direction, flag.action) == (Flag.Direction.INPUT, Flag.Action.BLOCKED)
+    assert flag.conversation_id is None and flag.excerpt == HARMFUL
 
 
 def test_an_edit_into_blocked_text_is_refused(
