@@ -9,6 +9,9 @@ read includes it at once. So a process holds one Redis connection for its stream
 many clients it serves (and a bounded pool for the responses' other commands), and an idle
 stream costs a queue, not a connection and a pending read.
 
+Once nobody tails a stream, the reading connection stays open a while
+(`READER_LINGER_SECONDS`) for the next one, and one found closed meanwhile is replaced.
+
 A subscriber that falls far behind (its client reads slower than the answer streams) is let
 go with `Lagging`: its response ends and the client comes back with Last-Event-ID, which Redis
 still holds. A Redis failure ends every subscription with the error, the same way.
@@ -41,6 +44,10 @@ READ_BATCH = 64
 BLOCK_MS = 5_000
 # After a read that returned entries, how long the next one waits to be sent.
 GATHER_SECONDS = 0.005
+# How long the reading connection stays open once nobody tails a stream, so that the next
+# stream's first read does not wait for a new connection (redis-py's connect, its hello and
+# `CLIENT ID`: at one answer at a time, every answer paid for it).
+READER_LINGER_SECONDS = 30.0
 # Entries a subscriber may have waiting before it is let go (its client reconnects).
 MAX_BACKLOG = 2_048
 # The loop's pool for responses' own commands (watchers, clean-up): bounded, so connections
@@ -96,6 +103,8 @@ class StreamHub:
         self._waking: asyncio.Task[None] | None = None
         self._waking_round = 0
         self._stopping = False
+        # The idle reader's closing, due `READER_LINGER_SECONDS` after the last read.
+        self._linger: asyncio.TimerHandle | None = None
 
     @property
     def commands(self) -> AsyncRedis:
@@ -159,19 +168,46 @@ class StreamHub:
             await asyncio.sleep(0.001)
 
     async def _run(self) -> None:
+        if self._linger is not None:
+            self._linger.cancel()
+            self._linger = None
+        # A connection kept from an earlier run may have been closed meanwhile (a restarted
+        # Redis, a proxy's idle timeout): its failure is retried once on a new one, since
+        # nothing was delivered from it.
+        kept = self._reader is not None
+        failed = False
         try:
             while self._subscriptions:
                 try:
                     await self._read_once()
+                    kept = False
                 except RedisError as exc:
+                    if kept:
+                        kept = False
+                        await self._close_reader()
+                        continue
                     logger.warning("reading the tailed streams failed: %s", exc)
                     self._fail_all(exc)
                     await self._close_reader()
+        except BaseException:  # cancelled with the loop, say: nothing is kept
+            failed = True
+            raise
         finally:
             # Before anything here awaits: a subscription from now on starts a new run.
             self._stopping = True
             self._blocked = False
-            await self._close_reader()
+            if failed or self._reader is None:
+                await self._close_reader()
+            else:
+                self._linger = asyncio.get_running_loop().call_later(
+                    READER_LINGER_SECONDS, self._close_idle_reader
+                )
+
+    def _close_idle_reader(self) -> None:
+        """Close the reader kept after the last stream, unless a read has begun since."""
+        self._linger = None
+        if self._task is None or self._task.done():
+            self._task = asyncio.ensure_future(self._close_reader())
 
     async def _read_once(self) -> None:
         if self._reader is None:

@@ -144,3 +144,49 @@ async def test_a_subscriber_from_further_back_misses_nothing_the_current_read_re
     assert await asyncio.wait_for(pending, timeout=10) == ["5"]
     await live.aclose()
     await resumed.aclose()
+
+
+async def test_the_reader_outlives_its_last_stream_and_reads_the_next(redis: AsyncRedis) -> None:
+    await add(redis, "hub:before", "x")
+    before = sse.read("hub:before", "0-0", until=())
+    assert await texts(before, 1) == ["x"]
+    reader_id = stream_hub.hub()._reader_id
+    await before.aclose()
+    await asyncio.sleep(0.1)  # the hub has nobody left: its run ends, the connection stays
+    assert reader_id is not None and str(reader_id) in {c["id"] for c in await redis.client_list()}
+    await add(redis, "hub:after", "y")
+    after = sse.read("hub:after", "0-0", until=())
+    assert await texts(after, 1) == ["y"]
+    assert stream_hub.hub()._reader_id == reader_id
+    await after.aclose()
+
+
+async def test_a_kept_reader_closed_meanwhile_is_replaced_and_nothing_is_lost(
+    redis: AsyncRedis,
+) -> None:
+    await add(redis, "hub:first", "x")
+    first = sse.read("hub:first", "0-0", until=())
+    assert await texts(first, 1) == ["x"]
+    await first.aclose()
+    await asyncio.sleep(0.1)
+    reader_id = stream_hub.hub()._reader_id
+    await redis.client_kill_filter(_id=str(reader_id))  # as a restarted Redis or a proxy would
+    await add(redis, "hub:second", "y")
+    second = sse.read("hub:second", "0-0", until=())
+    assert await texts(second, 1) == ["y"]  # no error reached the subscriber
+    assert stream_hub.hub()._reader_id not in (None, reader_id)
+    await second.aclose()
+
+
+async def test_an_idle_reader_is_closed_after_a_while(
+    redis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(stream_hub, "READER_LINGER_SECONDS", 0.2)
+    await add(redis, "hub:brief", "x")
+    brief = sse.read("hub:brief", "0-0", until=())
+    assert await texts(brief, 1) == ["x"]
+    reader_id = stream_hub.hub()._reader_id
+    await brief.aclose()
+    await asyncio.sleep(0.6)
+    assert stream_hub.hub()._reader_id is None
+    assert str(reader_id) not in {c["id"] for c in await redis.client_list()}
