@@ -169,7 +169,7 @@ def create_generations(count: int) -> tuple[str, list[str]]:
     )
     tier = settings.DEFAULT_TIER
     template = conversation_create(owner=user, source=Conversation.Source.API)
-    _, first = message_send(conversation=template, content="benchmark")
+    first = message_send(conversation=template, content="benchmark").placeholder
 
     def generation(message: Message, conversation: Conversation) -> Generation:
         return Generation(

@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import uuid
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
@@ -26,6 +27,17 @@ from .selectors import message_ancestry
 IN_PROGRESS_STATUSES = (Message.Status.QUEUED, Message.Status.STREAMING)
 # A user message answers the system prompt or an assistant turn, never another user turn.
 USER_PARENT_ROLES = frozenset({Message.Role.SYSTEM, Message.Role.ASSISTANT})
+
+
+@dataclass(frozen=True)
+class Written:
+    """What a turn's tree change wrote: the user's new message (None for a regeneration),
+    the placeholder of its answer, shown as the new leaf, and the branch now on screen, root
+    first, ending with the placeholder (the caller need not read it back)."""
+
+    user_message: Message | None
+    placeholder: Message
+    branch: list[Message]
 
 
 def _check_content(content: str) -> None:
@@ -73,9 +85,18 @@ def _check_idle(conversation: Conversation) -> None:
         )
 
 
-def _show_leaf(conversation: Conversation, leaf: Message, *, new_activity: bool) -> None:
-    """Put `leaf` on screen: every ancestor's `current_child` points along the path to it."""
-    path = message_ancestry(message_id=leaf.pk)
+def _show_leaf(
+    conversation: Conversation,
+    leaf: Message,
+    *,
+    new_activity: bool,
+    path: list[Message] | None = None,
+) -> list[Message]:
+    """Put `leaf` on screen: every ancestor's `current_child` points along the path to it.
+    `path` is the branch from the root to `leaf` where the caller has it (else it is read);
+    returns it, pointers updated."""
+    if path is None:
+        path = message_ancestry(message_id=leaf.pk)
     moved = []
     for node, child in itertools.pairwise(path):
         if node.current_child_id != child.pk:
@@ -89,18 +110,24 @@ def _show_leaf(conversation: Conversation, leaf: Message, *, new_activity: bool)
         conversation.last_activity_at = timezone.now()
         update_fields.append("last_activity_at")
     conversation.save(update_fields=update_fields)
+    return path
 
 
-def _parent_of(message: Message) -> Message:
-    parent = message.parent
-    if parent is None:
-        # Only the root lacks a parent, and callers already refused it by its role.
-        raise ServiceError(ErrorCode.INVALID_PARENT, "The root message has no siblings.")
-    return parent
+def _path_to(
+    conversation: Conversation, message_id: Any, *, missing: ServiceError
+) -> list[Message]:
+    """The branch from the root to the message `message_id` of `conversation` (root first),
+    read in one query; `missing` is raised if it is not a message of this conversation."""
+    path = message_ancestry(message_id=message_id) if message_id is not None else []
+    if not path or path[-1].conversation_id != conversation.pk:
+        raise missing
+    return path
 
 
-def _add_assistant_placeholder(conversation: Conversation, parent: Message) -> Message:
-    return Message.objects.create(
+def _placeholder(conversation: Conversation, parent: Message) -> Message:
+    """The `queued` assistant message an answer will fill, not yet saved."""
+    return Message(
+        id=uuid.uuid4(),
         conversation=conversation,
         parent=parent,
         role=Message.Role.ASSISTANT,
@@ -110,20 +137,25 @@ def _add_assistant_placeholder(conversation: Conversation, parent: Message) -> M
     )
 
 
-def _add_turn(conversation: Conversation, parent: Message, content: str) -> tuple[Message, Message]:
-    """A user message under `parent` and its answer's placeholder, shown as the new leaf."""
-    user_message = Message.objects.create(
+def _add_turn(conversation: Conversation, path: list[Message], content: str) -> Written:
+    """A user message under the last of `path` and its answer's placeholder, written in one
+    statement (Postgres checks their references to each other at commit) and shown as the
+    new leaf."""
+    user_message = Message(
+        id=uuid.uuid4(),
         conversation=conversation,
-        parent=parent,
+        parent=path[-1],
         role=Message.Role.USER,
         content=content,
         status=Message.Status.COMPLETE,
     )
-    placeholder = _add_assistant_placeholder(conversation, user_message)
+    placeholder = _placeholder(conversation, user_message)
     user_message.current_child = placeholder
-    user_message.save(update_fields=["current_child"])
-    _show_leaf(conversation, placeholder, new_activity=True)
-    return user_message, placeholder
+    Message.objects.bulk_create([user_message, placeholder])
+    branch = _show_leaf(
+        conversation, placeholder, new_activity=True, path=[*path, user_message, placeholder]
+    )
+    return Written(user_message, placeholder, branch)
 
 
 def conversation_create(
@@ -195,8 +227,8 @@ def _root(conversation: Conversation) -> Message:
 
 def message_send(
     *, conversation: Conversation, content: str, parent: Message | uuid.UUID | None = None
-) -> tuple[Message, Message]:
-    """Add a user message and the placeholder of its answer; return both.
+) -> Written:
+    """Add a user message and the placeholder of its answer.
 
     The message goes under `parent` (a message of this conversation or its id; by default
     the current leaf), so a client may continue any branch. The placeholder is `queued`
@@ -209,25 +241,23 @@ def message_send(
             parent_id = conversation.current_leaf_id
         else:
             parent_id = parent.pk if isinstance(parent, Message) else parent
-        parent_message = (
-            Message.objects.filter(conversation=conversation, pk=parent_id).first()
-            if parent_id is not None
-            else None
-        )
-        if parent_message is None:
-            raise ServiceError(
+        path = _path_to(
+            conversation,
+            parent_id,
+            missing=ServiceError(
                 ErrorCode.UNKNOWN_PARENT, "The parent is not a message of this conversation."
-            )
-        if parent_message.role not in USER_PARENT_ROLES:
+            ),
+        )
+        if path[-1].role not in USER_PARENT_ROLES:
             raise ServiceError(
                 ErrorCode.INVALID_PARENT,
-                f"A user message cannot follow a {parent_message.role} message.",
+                f"A user message cannot follow a {path[-1].role} message.",
             )
         _check_idle(conversation)
-        return _add_turn(conversation, parent_message, content)
+        return _add_turn(conversation, path, content)
 
 
-def message_edit(*, message: Message, content: str) -> tuple[Message, Message]:
+def message_edit(*, message: Message, content: str) -> Written:
     """Edit a user message: a new sibling with `content` and the placeholder of its answer.
 
     The old message and everything under it stay intact, one branch switch away.
@@ -239,10 +269,10 @@ def message_edit(*, message: Message, content: str) -> tuple[Message, Message]:
     with transaction.atomic():
         _lock(conversation)
         _check_idle(conversation)
-        return _add_turn(conversation, _parent_of(message), content)
+        return _add_turn(conversation, _path_above(conversation, message), content)
 
 
-def message_regenerate(*, message: Message) -> Message:
+def message_regenerate(*, message: Message) -> Written:
     """Ask again: a new `queued` assistant sibling of `message`, shown as the current leaf."""
     if message.role != Message.Role.ASSISTANT:
         raise ServiceError(
@@ -252,18 +282,33 @@ def message_regenerate(*, message: Message) -> Message:
     with transaction.atomic():
         _lock(conversation)
         _check_idle(conversation)
-        placeholder = _add_assistant_placeholder(conversation, _question_of(message))
-        _show_leaf(conversation, placeholder, new_activity=True)
-    return placeholder
+        path = _question_path(_path_above(conversation, message))
+        placeholder = _placeholder(conversation, path[-1])
+        placeholder.save(force_insert=True)
+        branch = _show_leaf(conversation, placeholder, new_activity=True, path=[*path, placeholder])
+    return Written(None, placeholder, branch)
 
 
-def _question_of(answer: Message) -> Message:
-    """The message an answer replies to, above the tool rounds it made (the tool loop puts
-    its calls and results between the question and the answer)."""
-    parent = _parent_of(answer)
-    while parent.role in (Message.Role.TOOL, Message.Role.ASSISTANT) and parent.parent:
-        parent = parent.parent
-    return parent
+def _path_above(conversation: Conversation, message: Message) -> list[Message]:
+    """The branch from the root to `message`'s parent."""
+    if message.parent_id is None:
+        # Only the root lacks a parent, and callers already refused it by its role.
+        raise ServiceError(ErrorCode.INVALID_PARENT, "The root message has no siblings.")
+    return _path_to(
+        conversation,
+        message.parent_id,
+        missing=ServiceError(ErrorCode.INVALID_PARENT, "The message has no parent here."),
+    )
+
+
+def _question_path(path: list[Message]) -> list[Message]:
+    """`path` (root first, ending with an answer's parent) up to the message the answer
+    replies to: above the tool rounds it made (the tool loop puts its calls and results
+    between the question and the answer)."""
+    end = len(path)
+    while end > 1 and path[end - 1].role in (Message.Role.TOOL, Message.Role.ASSISTANT):
+        end -= 1
+    return path[:end]
 
 
 def _last_viewed_leaf(message: Message) -> Message:
@@ -356,9 +401,9 @@ def _branch_rows(conversation: Conversation, messages: Sequence[BranchTurn]) -> 
 
 def conversation_write_branch(
     *, conversation: Conversation, messages: Sequence[BranchTurn]
-) -> tuple[Message, Message]:
+) -> Written:
     """Write `messages` as one linear branch under the current leaf, then the placeholder of
-    its answer, shown as the new leaf; return the last message written and the placeholder.
+    its answer, shown as the new leaf (`user_message` is the last message written).
 
     For clients that send the whole conversation with every request (the OpenAI-compatible
     API): `messages` are the user, assistant and tool turns, oldest first, ending with the
@@ -369,24 +414,22 @@ def conversation_write_branch(
     with transaction.atomic():
         _lock(conversation)
         _check_idle(conversation)
-        leaf_id = conversation.current_leaf_id
-        parent_message = (
-            Message.objects.filter(conversation=conversation, pk=leaf_id).first()
-            if leaf_id is not None
-            else None
-        )
-        if parent_message is None:
-            raise ServiceError(
+        path = _path_to(
+            conversation,
+            conversation.current_leaf_id,
+            missing=ServiceError(
                 ErrorCode.UNKNOWN_PARENT, "The conversation has no message to follow."
-            )
+            ),
+        )
         rows = _branch_rows(conversation, messages)
-        rows[0].parent = parent_message
-        Message.objects.bulk_create(rows)
-        placeholder = _add_assistant_placeholder(conversation, rows[-1])
+        rows[0].parent = path[-1]
+        placeholder = _placeholder(conversation, rows[-1])
         rows[-1].current_child = placeholder
-        rows[-1].save(update_fields=["current_child"])
-        _show_leaf(conversation, placeholder, new_activity=True)
-    return rows[-1], placeholder
+        Message.objects.bulk_create([*rows, placeholder])
+        branch = _show_leaf(
+            conversation, placeholder, new_activity=True, path=[*path, *rows, placeholder]
+        )
+    return Written(rows[-1], placeholder, branch)
 
 
 def conversation_write_new_branch(
@@ -394,10 +437,10 @@ def conversation_write_new_branch(
     conversation: Conversation,
     messages: Sequence[BranchTurn],
     count_tokens: Callable[[str], int] | None = None,
-) -> list[Message]:
+) -> Written:
     """Save `conversation` (from `conversation_new`) with its root, `messages` as its one
     branch (as `conversation_write_branch` takes them) and the placeholder of their answer
-    as its leaf; return the branch, root first, ending with the placeholder.
+    as its leaf.
 
     Nobody else can see a conversation before this commits, so nothing is locked or read
     back: one row for the conversation and one statement for all its messages (Postgres
@@ -408,14 +451,7 @@ def conversation_write_new_branch(
     _check_branch(messages)
     root = _root(conversation)
     rows = _branch_rows(conversation, messages)
-    placeholder = Message(
-        id=uuid.uuid4(),
-        conversation=conversation,
-        role=Message.Role.ASSISTANT,
-        content="",
-        status=Message.Status.QUEUED,
-        model=conversation.model,
-    )
+    placeholder = _placeholder(conversation, rows[-1])
     branch = [root, *rows, placeholder]
     for above, row in itertools.pairwise(branch):
         row.parent = above
@@ -428,4 +464,4 @@ def conversation_write_new_branch(
     with transaction.atomic(savepoint=False):
         conversation.save(force_insert=True)
         Message.objects.bulk_create(branch)
-    return branch
+    return Written(rows[-1], placeholder, branch)

@@ -98,8 +98,8 @@ def turn_send(
     return _queued_turn(
         user=user,
         conversation=conversation,
-        write=lambda: Written(
-            *services.message_send(conversation=conversation, content=content, parent=parent)
+        write=lambda: services.message_send(
+            conversation=conversation, content=content, parent=parent
         ),
         content=content,
         idempotency_key=idempotency_key,
@@ -119,7 +119,7 @@ def turn_edit(
     return _queued_turn(
         user=user,
         conversation=message.conversation,
-        write=lambda: Written(*services.message_edit(message=message, content=content)),
+        write=lambda: services.message_edit(message=message, content=content),
         content=content,
         idempotency_key=idempotency_key,
         request={"action": "edit", "message": message.pk, "content": content},
@@ -131,25 +131,14 @@ def turn_regenerate(*, user: User, message: Message, idempotency_key: str | None
     return _queued_turn(
         user=user,
         conversation=message.conversation,
-        write=lambda: Written(None, services.message_regenerate(message=message)),
+        write=lambda: services.message_regenerate(message=message),
         content=None,
         idempotency_key=idempotency_key,
         request={"action": "regenerate", "message": message.pk},
     )
 
 
-@dataclass(frozen=True)
-class Written:
-    """What a turn's tree change wrote: the user's new message (None for a regeneration),
-    the placeholder of the answer and, where the writer knows it without reading it back,
-    the branch on screen (root first, ending with the placeholder)."""
-
-    user_message: Message | None
-    placeholder: Message
-    branch: list[Message] | None = None
-
-
-_Write = Callable[[], Written]
+_Write = Callable[[], services.Written]
 
 
 def _queued_turn(
@@ -254,6 +243,7 @@ def _write_and_start(
                 tools=tools,
                 tool_choice=tool_choice,
                 branch=written.branch,
+                new_conversation=saved is None,
             )
     except BaseException:
         if generation is not None:
@@ -297,13 +287,14 @@ def generation_start(
     tools: list[dict[str, Any]] | None = None,
     tool_choice: str | dict[str, Any] | None = None,
     branch: Sequence[Message] | None = None,
+    new_conversation: bool = False,
 ) -> Generation:
     """Assemble the context for a queued assistant placeholder, reserve, and queue its
     generation after commit: steps 4-6 of a turn.
 
-    `branch`: the branch on screen as just written whole with a new conversation (root
-    first, ending with the placeholder; `services.conversation_write_new_branch`), taken as
-    it is instead of read back, and known to have no summary yet.
+    `branch`: the branch on screen as the tree change just wrote it (root first, ending with
+    the placeholder; `services.Written`), taken as it is instead of read back. A
+    `new_conversation` has no summary to look for.
 
     Without `tools`, the model is offered the tools this user may call in this conversation
     (`conversation_tools`), and the scheduler runs the calls it makes (the tool loop). With
@@ -313,7 +304,6 @@ def generation_start(
     if message.role != Message.Role.ASSISTANT or message.status != Message.Status.QUEUED:
         raise ValueError("a generation starts from a queued assistant placeholder")
     conversation = message.conversation
-    new = branch is not None
     branch = list(branch) if branch is not None else active_branch(conversation=conversation)
     if not branch or branch[-1].pk != message.pk:
         raise ValueError("the placeholder must be the conversation's current leaf")
@@ -331,7 +321,7 @@ def generation_start(
         branch=branch,
         tokenizer=tokenizer,
         budget_tokens=budget_tokens,
-        summary=None if new else summary_for_branch(branch=branch),
+        summary=None if new_conversation else summary_for_branch(branch=branch),
     )
     # Turns dropped that no summary covers: the branch's summary is due.
     summary_request_if_needed(
@@ -412,14 +402,13 @@ def turn_from_messages(
         source=Conversation.Source.API,
     )
 
-    def write() -> Written:
+    def write() -> services.Written:
         tokenizer = pool_tokenizer(pool_named(model=conversation.model))
-        branch = services.conversation_write_new_branch(
+        return services.conversation_write_new_branch(
             conversation=conversation,
             messages=messages,
             count_tokens=lambda text: count_tokens(tokenizer, text),
         )
-        return Written(branch[-2], branch[-1], branch)
 
     # Every message here is the client's own text, never checked before: all of it is new.
     written = "\n\n".join(part for part in [system_prompt, *(m[1] for m in messages)] if part)

@@ -8,7 +8,7 @@ import factory
 
 from accounts.tests.factories import UserFactory
 from conversations.models import Conversation, Message
-from conversations.services import conversation_create, message_send
+from conversations.services import Written, conversation_create, message_send
 
 
 class ConversationFactory(factory.django.DjangoModelFactory[Conversation]):
@@ -24,6 +24,12 @@ class ConversationFactory(factory.django.DjangoModelFactory[Conversation]):
     @classmethod
     def _create(cls, model_class: type[Conversation], *args: Any, **kwargs: Any) -> Conversation:
         return conversation_create(**kwargs)
+
+
+def sent(written: Written) -> tuple[Message, Message]:
+    """The user message and the placeholder a send or an edit wrote."""
+    assert written.user_message is not None
+    return written.user_message, written.placeholder
 
 
 def finish(message: Message, content: str = "An answer.") -> Message:
@@ -42,7 +48,7 @@ def exchange(
     answer: str | None = None,
 ) -> tuple[Message, Message]:
     """Send `content` and finish its answer: one full turn of the tree."""
-    user_message, placeholder = message_send(
-        conversation=conversation, content=content, parent=parent
+    user_message, placeholder = sent(
+        message_send(conversation=conversation, content=content, parent=parent)
     )
     return user_message, finish(placeholder, answer if answer is not None else f"Re: {content}")

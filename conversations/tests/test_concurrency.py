@@ -13,7 +13,7 @@ from django.db import connection
 from chatsite.errors import ServiceError
 from conversations.models import Conversation, Message
 from conversations.selectors import active_branch
-from conversations.services import message_send
+from conversations.services import Written, message_send
 
 from .factories import ConversationFactory, finish
 
@@ -76,12 +76,12 @@ def test_two_concurrent_sends_leave_one_valid_turn_and_one_409(user: Any) -> Non
             send_from_a_fresh_copy(conversation.pk, f"right {round_}"),
         )
 
-        accepted = [o for o in outcomes if isinstance(o, tuple)]
+        accepted = [o for o in outcomes if isinstance(o, Written)]
         refused = [o for o in outcomes if isinstance(o, ServiceError)]
         assert len(accepted) == 1, outcomes
         assert len(refused) == 1, outcomes
         assert (refused[0].code, refused[0].status) == ("generation_in_progress", 409)
-        _, placeholder = accepted[0]
+        placeholder = accepted[0].placeholder
         conversation.refresh_from_db()
         assert conversation.current_leaf_id == placeholder.pk
         assert_tree_is_valid(conversation)

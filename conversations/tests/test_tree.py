@@ -21,7 +21,7 @@ from conversations.services import (
     message_send,
 )
 
-from .factories import ConversationFactory, exchange, finish
+from .factories import ConversationFactory, exchange, finish, sent
 
 pytestmark = pytest.mark.django_db
 
@@ -56,7 +56,7 @@ def test_send_adds_a_user_message_and_a_queued_placeholder_as_the_leaf() -> None
     root = Message.objects.get(conversation=conversation)
     before = conversation.last_activity_at
 
-    user_message, placeholder = message_send(conversation=conversation, content="Hi there")
+    user_message, placeholder = sent(message_send(conversation=conversation, content="Hi there"))
 
     conversation.refresh_from_db()
     assert user_message.parent == root
@@ -81,7 +81,7 @@ def test_send_under_an_older_answer_continues_that_branch() -> None:
     _, a1 = exchange(conversation, "one")
     exchange(conversation, "two")
 
-    u2b, a2b = message_send(conversation=conversation, content="two again", parent=a1.pk)
+    u2b, a2b = sent(message_send(conversation=conversation, content="two again", parent=a1.pk))
     finish(a2b, "answer two again")
 
     assert contents(conversation)[1:] == ["one", "Re: one", "two again", "answer two again"]
@@ -104,7 +104,7 @@ def test_edit_forks_a_new_branch_and_keeps_the_old_one() -> None:
     u2, _ = exchange(conversation, "two", answer="old answer")
     exchange(conversation, "three")
 
-    new_user, placeholder = message_edit(message=u2, content="two, edited")
+    new_user, placeholder = sent(message_edit(message=u2, content="two, edited"))
     finish(placeholder, "new answer")
 
     assert new_user.parent_id == u2.parent_id
@@ -126,7 +126,7 @@ def test_regenerate_adds_a_sibling_answer() -> None:
     conversation = ConversationFactory.create()
     user_message, answer = exchange(conversation, "one", answer="first try")
 
-    placeholder = message_regenerate(message=answer)
+    placeholder = message_regenerate(message=answer).placeholder
 
     conversation.refresh_from_db()
     assert placeholder.parent == user_message
@@ -151,14 +151,14 @@ def build_deep_tree(conversation: Conversation) -> dict[str, Message]:
     m["u2"], m["a2"] = exchange(conversation, "u2", answer="a2")
     m["u3"], m["a3"] = exchange(conversation, "u3", answer="a3")
     m["u4"], m["a4"] = exchange(conversation, "u4", answer="a4")
-    m["u3b"], placeholder = message_edit(message=m["u3"], content="u3b")
+    m["u3b"], placeholder = sent(message_edit(message=m["u3"], content="u3b"))
     m["a3b"] = finish(placeholder, "a3b")
     m["u4b"], m["a4b"] = exchange(conversation, "u4b", answer="a4b")
-    m["a4c"] = finish(message_regenerate(message=m["a4b"]), "a4c")
-    m["u2b"], placeholder = message_edit(message=m["u2"], content="u2b")
+    m["a4c"] = finish(message_regenerate(message=m["a4b"]).placeholder, "a4c")
+    m["u2b"], placeholder = sent(message_edit(message=m["u2"], content="u2b"))
     m["a2b"] = finish(placeholder, "a2b")
     m["u3c"], m["a3c"] = exchange(conversation, "u3c", answer="a3c")
-    m["a1b"] = finish(message_regenerate(message=m["a1"]), "a1b")
+    m["a1b"] = finish(message_regenerate(message=m["a1"]).placeholder, "a1b")
     m["u2d"], m["a2d"] = exchange(conversation, "u2d", answer="a2d")
     return m
 
@@ -290,7 +290,7 @@ def test_every_write_into_a_deleted_conversation_is_refused(write: str) -> None:
     calls = {
         "send": lambda: message_send(conversation=conversation, content="hello"),
         "edit": lambda: message_edit(message=user_message, content="again"),
-        "regenerate": lambda: message_regenerate(message=answer),
+        "regenerate": lambda: message_regenerate(message=answer).placeholder,
         "switch": lambda: branch_switch(message=user_message),
         "rename": lambda: conversation_rename(conversation=conversation, title="New"),
     }
@@ -303,13 +303,13 @@ def test_every_write_into_a_deleted_conversation_is_refused(write: str) -> None:
 
 def test_a_turn_is_refused_while_an_answer_is_being_generated() -> None:
     conversation = ConversationFactory.create()
-    user_message, placeholder = message_send(conversation=conversation, content="one")
+    user_message, placeholder = sent(message_send(conversation=conversation, content="one"))
     Message.objects.filter(pk=placeholder.pk).update(status=Message.Status.STREAMING)
 
     for call in (
         lambda: message_send(conversation=conversation, content="two"),
         lambda: message_edit(message=user_message, content="one again"),
-        lambda: message_regenerate(message=placeholder),
+        lambda: message_regenerate(message=placeholder).placeholder,
     ):
         with pytest.raises(ServiceError) as caught:
             call()
@@ -319,10 +319,10 @@ def test_a_turn_is_refused_while_an_answer_is_being_generated() -> None:
 
 def test_a_turn_is_accepted_after_a_failed_answer() -> None:
     conversation = ConversationFactory.create()
-    _, placeholder = message_send(conversation=conversation, content="one")
+    placeholder = message_send(conversation=conversation, content="one").placeholder
     Message.objects.filter(pk=placeholder.pk).update(status=Message.Status.FAILED)
 
-    user_message, _ = message_send(conversation=conversation, content="one more time")
+    user_message, _ = sent(message_send(conversation=conversation, content="one more time"))
 
     assert user_message.parent_id == placeholder.pk
 

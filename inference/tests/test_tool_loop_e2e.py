@@ -45,7 +45,7 @@ def _ask_forcing_the_calculator(user: User, content: str) -> Generation:
     # Tools start off in a conversation: the user switches the calculator on.
     conversation_tools_set(user=user, conversation=conversation, switches={"calculator": True})
     with transaction.atomic():
-        _, placeholder = message_send(conversation=conversation, content=content)
+        placeholder = message_send(conversation=conversation, content=content).placeholder
         plan = plan_for_user(user=user)
         pool = pool_named(model=conversation.model)
         return generation_start(

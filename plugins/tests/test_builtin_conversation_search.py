@@ -144,7 +144,7 @@ def test_unfinished_answers_are_not_indexed(user) -> None:
     from conversations.services import message_send
 
     conversation = ConversationFactory.create(owner=user)
-    _, placeholder = message_send(conversation=conversation, content="A question")
+    placeholder = message_send(conversation=conversation, content="A question").placeholder
     assert placeholder.status == Message.Status.QUEUED
     assert search_index.search_index_message(message_id=placeholder.pk) is False
     assert search_index.search_index_pending(user_id=user.pk) == 1  # the question only
