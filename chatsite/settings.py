@@ -92,15 +92,17 @@ INSTALLED_APPS = [
     "plugins",
 ]
 
+# Django's own middleware, as subclasses that run their hooks on the event loop under ASGI
+# instead of hopping to a thread for each (chatsite/middleware.py): the same behaviour.
 MIDDLEWARE = [
-    "django.middleware.security.SecurityMiddleware",
+    "chatsite.middleware.SecurityMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
-    "django.contrib.sessions.middleware.SessionMiddleware",
-    "django.middleware.common.CommonMiddleware",
-    "django.middleware.csrf.CsrfViewMiddleware",
-    "django.contrib.auth.middleware.AuthenticationMiddleware",
-    "django.contrib.messages.middleware.MessageMiddleware",
-    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    "chatsite.middleware.SessionMiddleware",
+    "chatsite.middleware.CommonMiddleware",
+    "chatsite.middleware.CsrfViewMiddleware",
+    "chatsite.middleware.AuthenticationMiddleware",
+    "chatsite.middleware.MessageMiddleware",
+    "chatsite.middleware.XFrameOptionsMiddleware",
     "billing.middleware.RateLimitHeadersMiddleware",
 ]
 
