@@ -6,12 +6,17 @@ for other protocols without another process.
 
 import os
 
-from django.core.asgi import get_asgi_application
+import django
 
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 
-# Django must be set up before anything imports models.
-django_asgi_app = get_asgi_application()
+# Django must be set up before anything imports models (as `get_asgi_application` does).
+django.setup(set_prefix=False)
+
+from chatsite.threads import EdgeHandler  # noqa: E402
+
+# Django's handler, with each request's thread-sensitive code on a reused thread.
+django_asgi_app = EdgeHandler()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 

@@ -26,7 +26,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
-from chatsite import stream_hub
+from chatsite import stream_hub, threads
 from chatsite.stream_events import TERMINAL_EVENTS
 
 logger = logging.getLogger(__name__)
@@ -91,14 +91,19 @@ def release_request_thread() -> None:
     Django runs each request in an asgiref `ThreadSensitiveContext`, whose one-thread
     executor lives until the response ends: an idle stream would hold an idle thread, its
     stack and state (an idle stream cost 122 KiB with it, 61 without). The executor is
-    dropped from asgiref's table and shut down, as the context's exit would; synchronous
-    code the response still runs later gets a new thread.
+    dropped from asgiref's table and given back to the edge's handler, which lent it
+    (`chatsite.threads.EdgeHandler`), or else shut down, as the context's exit would.
+    Synchronous code the response still runs later gets a new thread.
     """
     context = SyncToAsync.thread_sensitive_context.get(None)
     if context is None or getattr(context, "_executor", None) is not None:
         return  # no context, or one whose executor its creator owns
     executor = SyncToAsync.context_to_thread_executor.pop(context, None)
-    if executor is not None:
+    if executor is None:
+        return
+    if threads.REQUEST_THREADS.lent(executor):
+        threads.REQUEST_THREADS.give_back(executor)  # type: ignore[arg-type]
+    else:
         executor.shutdown(wait=False)
 
 

@@ -1,5 +1,6 @@
 """Sync code of the edge's hot requests, run on a pool of threads instead of the one thread
-Django gives each process's sync code.
+Django gives each process's sync code; and the threads of requests' thread-sensitive code,
+reused (`EdgeHandler`).
 
 Under ASGI, Django runs every sync view and every `sync_to_async` call of a process on one
 thread, so that thread-bound code (a database connection) behaves as under WSGI. Sends that
@@ -13,11 +14,19 @@ before).
 from __future__ import annotations
 
 import functools
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, TypeVar
 
-from asgiref.sync import markcoroutinefunction, sync_to_async
+from asgiref.sync import (
+    SyncToAsync,
+    ThreadSensitiveContext,
+    markcoroutinefunction,
+    sync_to_async,
+)
 from django.conf import settings
+from django.core.handlers.asgi import ASGIHandler
 from django.db import connections
 from django.http import HttpRequest, HttpResponseBase
 
@@ -57,3 +66,75 @@ def threaded_view(view: Callable[..., HttpResponseBase]) -> Callable[..., Any]:
 
     markcoroutinefunction(wrapped)
     return wrapped
+
+
+class RequestThreads:
+    """Single-thread executors for requests' thread-sensitive code, lent one per request and
+    taken back at its end (at most `keep` wait idle)."""
+
+    def __init__(self, keep: int = 64) -> None:
+        self.keep = keep
+        self._lock = threading.Lock()
+        self._idle: list[ThreadPoolExecutor] = []
+        self._lent: set[ThreadPoolExecutor] = set()
+
+    def lend(self) -> ThreadPoolExecutor:
+        with self._lock:
+            executor = (
+                self._idle.pop()
+                if self._idle
+                else ThreadPoolExecutor(max_workers=1, thread_name_prefix="request")
+            )
+            self._lent.add(executor)
+        return executor
+
+    def lent(self, executor: object) -> bool:
+        with self._lock:
+            return executor in self._lent
+
+    def give_back(self, executor: ThreadPoolExecutor) -> None:
+        """Take `executor` back (once: a second call does nothing)."""
+        with self._lock:
+            if executor not in self._lent:
+                return
+            self._lent.discard(executor)
+            if len(self._idle) < self.keep:
+                self._idle.append(executor)
+                return
+        executor.shutdown(wait=False)
+
+
+REQUEST_THREADS = RequestThreads()
+
+
+class EdgeHandler(ASGIHandler):
+    """Django's ASGI handler, its requests' thread-sensitive code on reused threads.
+
+    Django runs each request in a `ThreadSensitiveContext`, whose synchronous code (the
+    request signals' receivers, a sync view, `sync_to_async` calls) goes to a thread of its
+    own: asgiref started one per request, and at the request's end another to wait for it to
+    end, each start holding up the event loop until the new thread ran (9% of an edge's
+    samples at 32 streams). Here a request borrows an idle thread (`RequestThreads`), still
+    one request's code at a time, and gives it back at its end; a streaming response gives
+    it back as soon as it needs no more of it (`chatsite.sse.release_request_thread`).
+
+    The context is asgiref's usual one, its executor put in asgiref's table on entry and
+    taken out before the exit (which would shut it down): code the request left running (a
+    shielded clean-up) that calls sync code later gets a new thread, as with asgiref's own.
+    """
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            raise ValueError(f"Django can only handle ASGI/HTTP connections, not {scope['type']}.")
+        context = ThreadSensitiveContext()
+        async with context:
+            executor = REQUEST_THREADS.lend()
+            SyncToAsync.context_to_thread_executor[context] = executor
+            try:
+                await self.handle(scope, receive, send)
+            finally:
+                # Unless a streaming response gave it back already (it may be another
+                # request's by now).
+                if SyncToAsync.context_to_thread_executor.get(context) is executor:
+                    del SyncToAsync.context_to_thread_executor[context]
+                    REQUEST_THREADS.give_back(executor)
