@@ -39,7 +39,6 @@ import os
 import platform
 import secrets
 import sys
-import tempfile
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -54,14 +53,12 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks.common import (  # noqa: E402
     django_start,
-    edge_command,
-    free_port,
     percentile,
     prepare_stores,
     render,
-    service_env,
 )
-from benchmarks.openai_api import prepare, prompt, start, stop, wait_up  # noqa: E402
+from benchmarks.openai_api import prepare, prompt, running_service  # noqa: E402
+from benchmarks.overhead import sse_events  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_latency_bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/13"
@@ -119,21 +116,6 @@ def stages(sent: float, first: float, marks: dict[str, float]) -> dict[str, floa
     return {name: points[i + 1] - points[i] for i, name in enumerate(STAGES)}
 
 
-async def sse_lines(response: httpx.Response) -> Any:
-    """(event, data) per Server-Sent Event; `data:` lines of a plain stream come as
-    ("message", data)."""
-    event, data = "message", ""
-    async for line in response.aiter_lines():
-        if not line:
-            if data:
-                yield event, data
-            event, data = "message", ""
-        elif line.startswith("event:"):
-            event = line[6:].strip()
-        elif line.startswith("data:"):
-            data = line[5:].strip()
-
-
 def first_text(data: str) -> bool:
     if data == "[DONE]":
         return False
@@ -157,7 +139,7 @@ async def completion(
     try:
         async with client.stream("POST", "/v1/chat/completions", json=body) as response:
             response.raise_for_status()
-            async for _, data in sse_lines(response):
+            async for _, data in sse_events(response):
                 if trace.ttft_ms is None and first_text(data):
                     first = now_ms()
                     trace.ttft_ms = first - sent
@@ -189,7 +171,7 @@ async def conversation(client: httpx.AsyncClient, redis: Any, messages: Any) -> 
         async with client.stream("GET", generation["stream_url"]) as response:
             response.raise_for_status()
             trace.open_ms = now_ms() - sent
-            async for event, _ in sse_lines(response):
+            async for event, _ in sse_events(response):
                 if event == "delta" and trace.ttft_ms is None:
                     first = now_ms()
                     trace.ttft_ms = first - sent
@@ -319,22 +301,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     catalog_changed()  # update() sends no signal
     connections.close_all()
 
-    logs = Path(tempfile.mkdtemp(prefix="latency-bench-"))
-    env = service_env()
-    port = free_port()
-    edge = start(edge_command(port), logs / "edge.log", env)
-    scheduler = start(
-        [sys.executable, "manage.py", "run_scheduler", "--replica-id", "latency-bench"],
-        logs / "scheduler.log",
-        env,
-    )
-    edge_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_up(f"{edge_url}/v1/models", edge, logs / "edge.log")
+    with running_service("latency-bench") as (edge_url, logs):
         traces = asyncio.run(measure(args, edge_url, raw_key))
-    finally:
-        stop(edge)
-        stop(scheduler)
     facts = (
         f"latency benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
         f"{os.cpu_count()} CPUs; worker {args.worker} ({served}); one request at a time, "

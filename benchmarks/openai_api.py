@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import secrets
@@ -40,7 +41,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -247,6 +248,28 @@ def wait_up(url: str, process: subprocess.Popen[bytes], log: Path) -> None:
             time.sleep(0.2)
 
 
+@contextlib.contextmanager
+def running_service(name: str) -> Iterator[tuple[str, Path]]:
+    """One edge and one scheduler replica (`name`), started for a benchmark and stopped after
+    it; yields the edge's URL, once it answers, and the folder of their logs."""
+    logs = Path(tempfile.mkdtemp(prefix=f"{name}-"))
+    env = service_env()
+    port = free_port()
+    edge = start(edge_command(port), logs / "edge.log", env)
+    scheduler = start(
+        [sys.executable, "manage.py", "run_scheduler", "--replica-id", name],
+        logs / "scheduler.log",
+        env,
+    )
+    edge_url = f"http://127.0.0.1:{port}"
+    try:
+        wait_up(f"{edge_url}/v1/models", edge, logs / "edge.log")
+        yield edge_url, logs
+    finally:
+        stop(edge)
+        stop(scheduler)
+
+
 # The report
 
 
@@ -383,22 +406,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     raw_key = prepare(urls, served)
     connections.close_all()
 
-    logs = Path(tempfile.mkdtemp(prefix="openai-bench-"))
-    env = service_env()
-    port = free_port()
-    edge = start(edge_command(port), logs / "edge.log", env)
-    scheduler = start(
-        [sys.executable, "manage.py", "run_scheduler", "--replica-id", "openai-bench"],
-        logs / "scheduler.log",
-        env,
-    )
-    edge_url = f"http://127.0.0.1:{port}"
-    try:
-        wait_up(f"{edge_url}/v1/models", edge, logs / "edge.log")
+    with running_service("openai-bench") as (edge_url, logs):
         report = asyncio.run(measure(args, edge_url, raw_key, urls))
-    finally:
-        stop(edge)
-        stop(scheduler)
     print(report)
     results = ROOT / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
