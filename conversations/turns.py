@@ -394,7 +394,8 @@ def turn_from_messages(
     refusal the conversation is removed again, so a refused request leaves nothing behind.
     """
     # The conversation is written with the turn, in its transaction: a refusal before or in
-    # it leaves nothing behind; one after it (the flag of a text sent for review) removes it.
+    # it leaves nothing behind; a failure after it (recording a flag for review, or the
+    # idempotency key's result) removes it.
     conversation = services.conversation_new(
         owner=user,
         model=model or None,
