@@ -683,7 +683,12 @@ async def no_room(bench: Bench, count: int) -> str:
     Redis and Postgres are shared: a run that took their last connections would fail other
     people's work, so a step that would come within the reserve is not run.
     """
+    from django.conf import settings
+
     postgres_need = math.ceil(count * bench.postgres_per_stream)
+    if settings.DB_POOL_MAX_SIZE:
+        # The edge's connections come from its pool, which opens at most this many.
+        postgres_need = min(postgres_need, settings.DB_POOL_MAX_SIZE)
     postgres_free = await bench.postgres.free_connections() - POSTGRES_RESERVE
     if postgres_need > postgres_free:
         return (
@@ -822,17 +827,19 @@ async def warm_up(bench: Bench) -> None:
     bench.baseline_postgres = await bench.postgres.bench_connections()
     streams, _ = await open_streams(ids, port=bench.edge.port, raw_key=bench.raw_key)
     broken = failures(streams)
-    if not broken:
-        redis = await redis_clients(bench.redis, bench.redis_db) - bench.baseline_redis
-        postgres = await bench.postgres.bench_connections() - bench.baseline_postgres
-        bench.redis_per_stream = redis / len(ids)
-        bench.postgres_per_stream = postgres / len(ids)
+    redis = await redis_clients(bench.redis, bench.redis_db) - bench.baseline_redis
+    postgres = await bench.postgres.bench_connections() - bench.baseline_postgres
     await close_streams(streams)
     if broken:
         fail(f"the warm-up streams failed: {broken[:3]}\n{bench.edge.log.read_text()[-3000:]}")
     warm = Row(phase="warm-up", streams=len(ids))
     await wait_torn_down(bench, warm)
     bench.warm_up_kept = warm.kept_after_close
+    # What a stream holds is what went away when the streams closed: connections the edge
+    # keeps after them (its pools', opened while the streams set up at once) are not theirs.
+    kept_redis, kept_postgres, _ = warm.kept_after_close or (0, 0, 0.0)
+    bench.redis_per_stream = max(redis - kept_redis, 0) / len(ids)
+    bench.postgres_per_stream = max(postgres - kept_postgres, 0) / len(ids)
     await asyncio.sleep(1)
     edge = sample_process(bench.edge.pid)
     bench.baseline_rss_kib, bench.baseline_fds = edge.rss_kib, edge.fds
