@@ -1059,7 +1059,17 @@ def report(bench: Bench, rows: Sequence[Row], *, stop_reason: str, redis_version
 
     args = bench.args
     database = settings.DATABASES["default"]["NAME"]
-    command = shlex.join([sys.executable, *sys.argv])
+    # As run from the checkout: no path of the machine it ran on.
+    python = Path(sys.executable)
+    if python.is_relative_to(BASE_DIR):
+        python = python.relative_to(BASE_DIR)
+    argv: list[str] = []
+    for arg in sys.argv:
+        if argv and argv[-1] == "--results-dir":
+            argv.pop()  # the folder is this machine's
+        elif not arg.startswith("--results-dir="):
+            argv.append(arg)
+    command = shlex.join([str(python), *argv])
     held = [row.held for row in rows if row.phase != "active" and row.held == row.streams]
     lines = [
         f"Edge streams: one {args.server} edge process serving GET /api/v1/generations/<id>/stream",
