@@ -127,7 +127,6 @@ def _path_to(
 def _placeholder(conversation: Conversation, parent: Message) -> Message:
     """The `queued` assistant message an answer will fill, not yet saved."""
     return Message(
-        id=uuid.uuid4(),
         conversation=conversation,
         parent=parent,
         role=Message.Role.ASSISTANT,
@@ -142,7 +141,6 @@ def _add_turn(conversation: Conversation, path: list[Message], content: str) -> 
     statement (Postgres checks their references to each other at commit) and shown as the
     new leaf."""
     user_message = Message(
-        id=uuid.uuid4(),
         conversation=conversation,
         parent=path[-1],
         role=Message.Role.USER,
@@ -204,7 +202,6 @@ def conversation_new(
         )
     title = _check_title(title)
     return Conversation(
-        id=uuid.uuid4(),
         owner=owner,
         model=model,
         system_prompt=system_prompt,
@@ -217,7 +214,6 @@ def conversation_new(
 
 def _root(conversation: Conversation) -> Message:
     return Message(
-        id=uuid.uuid4(),
         conversation=conversation,
         role=Message.Role.SYSTEM,
         content=conversation.system_prompt,
@@ -378,12 +374,30 @@ def _check_branch(messages: Sequence[BranchTurn]) -> None:
         _check_content(messages[-1][1])
 
 
-def _branch_rows(conversation: Conversation, messages: Sequence[BranchTurn]) -> list[Message]:
-    """`messages` as rows of `conversation`, each the reply to the one before it (the first
-    one's parent is left to the caller)."""
+def conversation_write_new_branch(
+    *,
+    conversation: Conversation,
+    messages: Sequence[BranchTurn],
+    count_tokens: Callable[[str], int] | None = None,
+) -> Written:
+    """Save `conversation` (from `conversation_new`) with its root, `messages` as its one
+    branch and the placeholder of their answer as its leaf (`user_message` is the last
+    message of `messages`).
+
+    For clients that send the whole conversation with every request (the OpenAI-compatible
+    API): `messages` are the user, assistant and tool turns, oldest first, ending with the
+    user turn to answer or with the results (`tool` turns) of the client's tool calls. A
+    last user message must be non-empty; a tool result may be empty.
+
+    Nobody else can see a conversation before this commits, so nothing is locked or read
+    back: one row for the conversation and one statement for all its messages (Postgres
+    checks the references between them at commit). `count_tokens`, if given, fills in each
+    message's token count (not the placeholder's) before it is written, saving the updates
+    the context's count would cost.
+    """
+    _check_branch(messages)
     rows = [
         Message(
-            id=uuid.uuid4(),
             conversation=conversation,
             role=role,
             content=content,
@@ -393,66 +407,8 @@ def _branch_rows(conversation: Conversation, messages: Sequence[BranchTurn]) -> 
         )
         for role, content, *rest in messages
     ]
-    for above, row in itertools.pairwise(rows):
-        row.parent = above
-        above.current_child = row
-    return rows
-
-
-def conversation_write_branch(
-    *, conversation: Conversation, messages: Sequence[BranchTurn]
-) -> Written:
-    """Write `messages` as one linear branch under the current leaf, then the placeholder of
-    its answer, shown as the new leaf (`user_message` is the last message written).
-
-    For clients that send the whole conversation with every request (the OpenAI-compatible
-    API): `messages` are the user, assistant and tool turns, oldest first, ending with the
-    user turn to answer or with the results (`tool` turns) of the client's tool calls. A
-    last user message must be non-empty; a tool result may be empty.
-    """
-    _check_branch(messages)
-    with transaction.atomic():
-        _lock(conversation)
-        _check_idle(conversation)
-        path = _path_to(
-            conversation,
-            conversation.current_leaf_id,
-            missing=ServiceError(
-                ErrorCode.UNKNOWN_PARENT, "The conversation has no message to follow."
-            ),
-        )
-        rows = _branch_rows(conversation, messages)
-        rows[0].parent = path[-1]
-        placeholder = _placeholder(conversation, rows[-1])
-        rows[-1].current_child = placeholder
-        Message.objects.bulk_create([*rows, placeholder])
-        branch = _show_leaf(
-            conversation, placeholder, new_activity=True, path=[*path, *rows, placeholder]
-        )
-    return Written(rows[-1], placeholder, branch)
-
-
-def conversation_write_new_branch(
-    *,
-    conversation: Conversation,
-    messages: Sequence[BranchTurn],
-    count_tokens: Callable[[str], int] | None = None,
-) -> Written:
-    """Save `conversation` (from `conversation_new`) with its root, `messages` as its one
-    branch (as `conversation_write_branch` takes them) and the placeholder of their answer
-    as its leaf.
-
-    Nobody else can see a conversation before this commits, so nothing is locked or read
-    back: one row for the conversation and one statement for all its messages (Postgres
-    checks the references between them at commit). `count_tokens`, if given, fills in each
-    message's token count (not the placeholder's) before it is written, saving the updates
-    the context's count would cost.
-    """
-    _check_branch(messages)
-    root = _root(conversation)
-    rows = _branch_rows(conversation, messages)
     placeholder = _placeholder(conversation, rows[-1])
-    branch = [root, *rows, placeholder]
+    branch = [_root(conversation), *rows, placeholder]
     for above, row in itertools.pairwise(branch):
         row.parent = above
         above.current_child = row

@@ -387,7 +387,7 @@ def turn_from_messages(
 
     `messages` are the user, assistant and tool turns, oldest first, ending with the user
     turn to answer or the results of the client's tool calls (see
-    `services.conversation_write_branch`); `tools` and `tool_choice` the client's own tools,
+    `services.conversation_write_new_branch`); `tools` and `tool_choice` the client's own tools,
     whose calls end the answer for the client to run. The turns become one linear branch
     under the `system_prompt`, in a conversation marked as coming from the API. The turn
     takes the same path as the web chat's: plan, input checks, reservation, scheduler. On a
