@@ -37,15 +37,12 @@ class Inline:
     def __init__(self, get_response: Any) -> None:
         super().__init__(get_response)  # type: ignore[call-arg]
         view_hook = getattr(self, "process_view", None)
-        if view_hook is not None and self._is_async():
+        if view_hook is not None and getattr(self, "async_mode", False):
             # Django wraps a synchronous `process_view` in `sync_to_async` under ASGI.
             async def process_view(request: HttpRequest, *args: Any) -> Any:
                 return view_hook(request, *args)
 
             setattr(self, "process_view", process_view)  # noqa: B010 (shadows the method)
-
-    def _is_async(self) -> bool:
-        return bool(getattr(self, "async_mode", False))
 
     async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
         response = None

@@ -103,8 +103,10 @@ class StreamHub:
         self._waking: asyncio.Task[None] | None = None
         self._waking_round = 0
         self._stopping = False
-        # The idle reader's closing, due `READER_LINGER_SECONDS` after the last read.
+        # The idle reader's closing, due `READER_LINGER_SECONDS` after the last read, and
+        # the close once under way.
         self._linger: asyncio.TimerHandle | None = None
+        self._closing: asyncio.Task[None] | None = None
 
     @property
     def commands(self) -> AsyncRedis:
@@ -207,7 +209,7 @@ class StreamHub:
         """Close the reader kept after the last stream, unless a read has begun since."""
         self._linger = None
         if self._task is None or self._task.done():
-            self._task = asyncio.ensure_future(self._close_reader())
+            self._closing = asyncio.ensure_future(self._close_reader())
 
     async def _read_once(self) -> None:
         if self._reader is None:
