@@ -45,7 +45,7 @@ from unittest import mock
 
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import django_start, percentile, prepare_stores, render
+from benchmarks.common import django_start, percentile, prepare_stores, render, write_result
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -464,9 +464,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     prepare_stores()
     report = benchmark(args)
     print(report)
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = args.results_dir / f"billing_reservations-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt"
-    path.write_text(report)
+    path = write_result(args.results_dir, "billing_reservations", report)
     print(f"written to {path}")
     return 0
 

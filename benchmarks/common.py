@@ -7,6 +7,8 @@ import math
 import os
 import socket
 from collections.abc import Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 
@@ -91,6 +93,14 @@ def django_start(*, database_url: str | None = None, redis_url: str | None = Non
 
     django.setup()
     logging.getLogger("httpx").setLevel(logging.WARNING)
+
+
+def write_result(directory: Path, name: str, text: str) -> Path:
+    """Save a benchmark's report as `<directory>/<name>-<UTC date-time>.txt`; returns its path."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt"
+    path.write_text(text if text.endswith("\n") else text + "\n")
+    return path
 
 
 def free_port() -> int:

@@ -67,6 +67,7 @@ from benchmarks.common import (  # noqa: E402
     prepare_stores,
     render,
     service_env,
+    write_result,
 )
 from benchmarks.openai_api import ms, prepare, start, stop, wait_up  # noqa: E402
 from benchmarks.overhead import cpu_seconds, pids_named, sse_events  # noqa: E402
@@ -634,9 +635,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop(process)
     text = report(args, measured, served, tokens)
     print(text)
-    args.results.mkdir(parents=True, exist_ok=True)
-    path = args.results / f"cpu_per_message-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt"
-    path.write_text(text + "\n")
+    path = write_result(args.results, "cpu_per_message", text)
     print(f"\nwritten to {path}; logs in {logs}")
     return 0
 

@@ -90,6 +90,7 @@ from benchmarks.common import (
     percentile,
     prepare_stores,
     render,
+    write_result,
 )
 from chatsite.stream_events import StreamEvent, entry_fields
 
@@ -1270,9 +1271,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             stop_edge(edge)
     print()
     print(text, end="")
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = args.results_dir / f"edge_streams-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt"
-    path.write_text(text)
+    path = write_result(args.results_dir, "edge_streams", text)
     print(f"\nwritten to {path.relative_to(BASE_DIR) if path.is_relative_to(BASE_DIR) else path}")
     return 0
 

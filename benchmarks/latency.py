@@ -56,6 +56,7 @@ from benchmarks.common import (  # noqa: E402
     percentile,
     prepare_stores,
     render,
+    write_result,
 )
 from benchmarks.openai_api import prepare, prompt, running_service  # noqa: E402
 from benchmarks.overhead import sse_events  # noqa: E402
@@ -311,9 +312,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     text = "\n".join([facts, "", report(traces)])
     print(text)
-    args.results.mkdir(parents=True, exist_ok=True)
-    out = args.results / f"latency-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt"
-    out.write_text(text + "\n")
+    out = write_result(args.results, "latency", text)
     print(f"\nwritten to {out}; logs in {logs}")
     return 0
 

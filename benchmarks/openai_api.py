@@ -61,6 +61,7 @@ from benchmarks.common import (  # noqa: E402
     prepare_stores,
     render,
     service_env,
+    write_result,
 )
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_oaibench"
@@ -409,10 +410,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with running_service("openai-bench") as (edge_url, logs):
         report = asyncio.run(measure(args, edge_url, raw_key, urls))
     print(report)
-    results = ROOT / "benchmarks" / "results"
-    results.mkdir(exist_ok=True)
-    out = results / f"openai_api-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt"
-    out.write_text(report + "\n")
+    out = write_result(ROOT / "benchmarks" / "results", "openai_api", report)
     print(f"\nwritten to {out.relative_to(ROOT)}; logs in {logs}")
     return 0
 

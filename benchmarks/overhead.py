@@ -65,6 +65,7 @@ from benchmarks.common import (  # noqa: E402
     prepare_stores,
     render,
     service_env,
+    write_result,
 )
 from benchmarks.openai_api import (  # noqa: E402
     Level,
@@ -571,9 +572,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         parts += ["", *(top_functions(p) for p in sorted(args.profile.glob("*.txt")))]
     report = "\n".join(parts)
     print(report)
-    args.results.mkdir(parents=True, exist_ok=True)
-    out = args.results / f"overhead-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt"
-    out.write_text(report + "\n")
+    out = write_result(args.results, "overhead", report)
     drawn = plot(levels, out.with_suffix(".png"))
     print(f"\nwritten to {out}{' and .png' if drawn else ''}; logs in {logs}")
     return 0

@@ -62,7 +62,14 @@ if TYPE_CHECKING:
 
 # Run as a script (`python benchmarks/<name>.py`): the project root must be importable.
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import django_start, free_port, percentile, prepare_stores, render
+from benchmarks.common import (
+    django_start,
+    free_port,
+    percentile,
+    prepare_stores,
+    render,
+    write_result,
+)
 from chatsite.stream_events import StreamEvent
 
 BASE_DIR = Path(__file__).resolve().parent.parent
@@ -953,9 +960,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         stop_workers(started)
     print(report)
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = args.results_dir / f"scheduler_affinity-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt"
-    path.write_text(report)
+    path = write_result(args.results_dir, "scheduler_affinity", report)
     print(f"written to {path}")
     return 0
 

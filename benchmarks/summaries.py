@@ -39,14 +39,19 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from chatsite.redis import sync_redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-from benchmarks.common import django_start, percentile, prepare_stores, render
+from benchmarks.common import (
+    django_start,
+    percentile,
+    prepare_stores,
+    render,
+    write_result,
+)
 
 BASE_DIR = Path(__file__).resolve().parent.parent
 RESULTS_DIR = BASE_DIR / "benchmarks" / "results"
@@ -255,9 +260,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     modes = [play(args, summaries=False), play(args, summaries=True)]
     output = table(modes, args)
     print(output)
-    args.results_dir.mkdir(parents=True, exist_ok=True)
-    path = args.results_dir / f"summaries-{datetime.now(UTC):%Y%m%d-%H%M%S}.txt"
-    path.write_text(output + "\n")
+    path = write_result(args.results_dir, "summaries", output)
     print(f"\nwritten to {path}")
     return 0
 
