@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from accounts.services import api_key_create
 from billing.selectors import default_plan
 from conversations.models import Conversation
+from moderation.classifiers import local
 
 from .factories import ConversationFactory, exchange
 
@@ -35,6 +36,13 @@ REGENERATE_BUDGET = 19
 # statement, the conversation's tool switches, the generation (26 when the conversation was
 # created on its own first, and its messages written and read back as a send does).
 V1_BUDGET = 8
+
+
+@pytest.fixture(autouse=True)
+def _no_timed_rule_reload(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The moderation rules are read again every few seconds, whatever the turn: on a slow
+    run that fell due within the measured request now and then (one statement over)."""
+    monkeypatch.setattr(local, "RULES_REFRESH_SECONDS", 3600.0)
 
 
 @pytest.fixture
