@@ -65,18 +65,17 @@ def title_request_after_answer(*, conversation: Conversation, status: str) -> No
     """Ask for a title after commit if an answer just completed in an untitled conversation
     that stays (not a `/v1` one removed once answered: nobody would see its title).
 
-    Called in the transaction that finishes the answer; one indexed read per finished answer.
+    Called in the transaction that finishes the answer, with the conversation as read by the
+    finish's own statement: nothing more is read here. (A title written since that read is
+    seen by the task, which titles only a conversation still untitled.)
     """
     if status != Message.Status.COMPLETE:
+        return
+    if conversation.title or conversation.title_set_by_user or conversation.deleted_at:
         return
     if conversation.source == Conversation.Source.API and unkept_listed(
         conversation_id=conversation.pk
     ):
-        return
-    untitled = Conversation.objects.filter(
-        pk=conversation.pk, title="", title_set_by_user=False, deleted_at__isnull=True
-    ).exists()
-    if not untitled:
         return
     conversation_id = str(conversation.pk)
 
