@@ -15,13 +15,14 @@ from __future__ import annotations
 import json
 import logging
 from dataclasses import dataclass, field
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import QuerySet
+from django.db.models import DateTimeField, F, QuerySet, Value
+from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from chatsite.catalog import CATALOG
@@ -36,6 +37,17 @@ from .models import Generation, ModelPool, Worker
 from .tokens import count_tokens, pool_tokenizer
 
 logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Admission:
+    """Where and since when a scheduler runs a generation's latest attempt, and when that
+    attempt's first token came (None before it)."""
+
+    worker_id: int
+    attempt: int
+    admitted_at: datetime
+    first_token_at: datetime | None = None
 
 
 def tier_priority(tier: str) -> int:
@@ -196,9 +208,10 @@ def generation_finish(
     cached_tokens: int | None = None,
     error_code: str = "",
     error_message: str = "",
+    admission: Admission | None = None,
 ) -> bool:
     """Write the final state once, tell the hooks, then close the stream; False if it was
-    already final."""
+    already final. `admission`: the scheduler's record of the attempt, written with it."""
     now = timezone.now()
     hooks = get_hooks()
     with transaction.atomic():
@@ -220,18 +233,23 @@ def generation_finish(
         generation.cached_tokens = cached_tokens
         generation.error_code = error_code
         generation.error_message = error_message[:2000]
-        generation.save(
-            update_fields=[
-                "status",
-                "finished_at",
-                "finish_reason",
-                "prompt_tokens",
-                "output_tokens",
-                "cached_tokens",
-                "error_code",
-                "error_message",
-            ]
-        )
+        written = [
+            "status",
+            "finished_at",
+            "finish_reason",
+            "prompt_tokens",
+            "output_tokens",
+            "cached_tokens",
+            "error_code",
+            "error_message",
+        ]
+        if admission is not None:
+            generation.worker_id = admission.worker_id
+            generation.attempts = admission.attempt
+            generation.admitted_at = admission.admitted_at
+            generation.first_token_at = generation.first_token_at or admission.first_token_at
+            written += ["worker", "attempts", "admitted_at", "first_token_at"]
+        generation.save(update_fields=written)
         outcome = Outcome(
             status=status,
             text=text,
@@ -288,23 +306,24 @@ def generation_record_tool_calls(*, generation_id: Any, tool_calls: list[dict[st
     get_hooks().generation_tool_calls(generation_id=generation_id, tool_calls=tool_calls)
 
 
-def generation_mark_running(*, generation_id: Any, worker_id: int, attempt: int) -> None:
-    """Record the admission of a generation to a worker (never over a final state: the
-    scheduler writes this beside the answer, not before it)."""
+def generation_mark_started(*, generation_id: Any, admission: Admission) -> None:
+    """Record that the answer is streaming: on which worker, admitted when, its first token.
+
+    One statement, written beside the answer (never before it) and never over a final state;
+    the final state carries the same facts, so an answer that ends before this lands loses
+    nothing.
+    """
     Generation.objects.filter(
         pk=generation_id, status__in=[Generation.Status.QUEUED, Generation.Status.RUNNING]
     ).update(
         status=Generation.Status.RUNNING,
-        worker_id=worker_id,
-        attempts=attempt,
-        admitted_at=timezone.now(),
-    )
-
-
-def generation_mark_first_token(*, generation_id: Any) -> None:
-    """Record the first token: the answer is now visibly streaming."""
-    Generation.objects.filter(pk=generation_id, first_token_at__isnull=True).update(
-        first_token_at=timezone.now()
+        worker_id=admission.worker_id,
+        attempts=admission.attempt,
+        admitted_at=admission.admitted_at,
+        first_token_at=Coalesce(
+            F("first_token_at"),
+            Value(admission.first_token_at or timezone.now(), output_field=DateTimeField()),
+        ),
     )
     get_hooks().generation_first_token(generation_id=generation_id)
 

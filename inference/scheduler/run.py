@@ -12,12 +12,13 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Coroutine
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
+from django.utils import timezone
 
 from chatsite.stream_events import DeltaData, MetaData, RestartData, StreamEvent
 
@@ -66,9 +67,9 @@ class Run:
     tool_rounds: int = 0
     spent: dict[str, Any] = field(default_factory=dict)
     announced_attempt: int = 0
-    # The write of its admission to Postgres, made beside the request to the worker rather
-    # than before it; the finish waits for it.
-    admission: asyncio.Task[None] | None = None
+    # Where and since when its latest attempt runs, for Postgres: written with the attempt's
+    # first token (beside the answer, not before it) and with the final state.
+    admission: services.Admission | None = None
 
 
 class Runs:
@@ -164,13 +165,9 @@ class Runs:
         if run.announced_attempt != run.attempt:
             # Once per worker: a tool round continues on the same one without a new `meta`.
             run.announced_attempt = run.attempt
-            # Postgres learns of it while the worker reads the prompt: no database round trip
-            # stands between admission and the first token.
-            await self._admission_recorded(run)
-            run.admission = asyncio.ensure_future(
-                sync_to_async(services.generation_mark_running)(
-                    generation_id=job.generation_id, worker_id=view.id, attempt=run.attempt
-                )
+            # No database round trip stands between admission and the first token.
+            run.admission = services.Admission(
+                worker_id=view.id, attempt=run.attempt, admitted_at=timezone.now()
             )
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.set(
@@ -224,21 +221,28 @@ class Runs:
                     continue
                 run.text += chunk.text
                 run.pending += chunk.text
-                if not run.first_token_seen:
-                    run.first_token_seen = True
-                    await self._first_token(job.generation_id)
+                if run.admission is not None and run.admission.first_token_at is None:
+                    await self._first_token(run, run.admission)
                 await coalescer.pending()
         finally:
             await coalescer.aclose()
             await stream.aclose()  # type: ignore[attr-defined]
         await self._flush(run)
 
-    async def _first_token(self, generation_id: str) -> None:
-        await self.redis.eval(
-            queue.HSET_IF_EXISTS, 1, queue.job_key(generation_id), "first_token_ms", queue.now_ms()
-        )
+    async def _first_token(self, run: Run, admission: services.Admission) -> None:
+        """The attempt's first text: Postgres learns where and since when it runs, in one
+        write off the answer's way; the job's first-token time is kept for the first only."""
+        run.admission = replace(admission, first_token_at=timezone.now())
+        gid = run.job.generation_id
+        if not run.first_token_seen:
+            run.first_token_seen = True
+            await self.redis.eval(
+                queue.HSET_IF_EXISTS, 1, queue.job_key(gid), "first_token_ms", queue.now_ms()
+            )
         self._spawn(
-            sync_to_async(services.generation_mark_first_token)(generation_id=generation_id)
+            sync_to_async(services.generation_mark_started)(
+                generation_id=gid, admission=run.admission
+            )
         )
 
     async def _tool_round(self, run: Run, calls: list[ToolCall]) -> bool:
@@ -324,21 +328,6 @@ class Runs:
                 return True
         return False
 
-    async def _admission_recorded(self, run: Run) -> None:
-        """Wait for the write of the run's admission, if one is under way; its failure is
-        logged (the finish writes the final state whatever happened to it)."""
-        if run.admission is None:
-            return
-        task, run.admission = run.admission, None
-        try:
-            await asyncio.shield(task)
-        except asyncio.CancelledError:
-            # Cancelled while waiting: the write goes on, and the finish must come after it.
-            await asyncio.wait([task])
-            raise
-        except Exception:
-            logger.exception("could not record the admission of %s", run.job.generation_id)
-
     async def _finish(
         self,
         run: Run,
@@ -347,7 +336,6 @@ class Runs:
         error_code: str = "",
         error_message: str = "",
     ) -> None:
-        await self._admission_recorded(run)
         window = run.moderation
         if window is not None and window.blocked is None:
             with contextlib.suppress(ContentBlocked):
@@ -381,6 +369,7 @@ class Runs:
                     cached_tokens=details.get("cached_tokens"),
                     error_code=error_code,
                     error_message=error_message,
+                    admission=run.admission,
                 )
             except Exception:
                 logger.exception(
