@@ -39,14 +39,15 @@ def answer_status(outcome: Outcome) -> str:
 
 
 def answer_write(*, generation: Generation, outcome: Outcome) -> str:
-    """Write the answer's final text and status; returns the status written."""
+    """Write the answer's final text and status, with its token count (the next turn's
+    context reads it instead of counting, and writing, it then); returns the status."""
     status = answer_status(outcome)
     Message.objects.filter(pk=generation.message_id).update(
         content=outcome.text,
         status=status,
         prompt_tokens=outcome.prompt_tokens,
         output_tokens=outcome.output_tokens,
-        content_tokens=None,
+        content_tokens=count_tokens(pool_tokenizer(generation.pool), outcome.text),
         updated_at=timezone.now(),
     )
     return status

@@ -136,16 +136,23 @@ def _placeholder(conversation: Conversation, parent: Message) -> Message:
     )
 
 
-def _add_turn(conversation: Conversation, path: list[Message], content: str) -> Written:
+def _add_turn(
+    conversation: Conversation,
+    path: list[Message],
+    content: str,
+    count_tokens: Callable[[str], int] | None,
+) -> Written:
     """A user message under the last of `path` and its answer's placeholder, written in one
     statement (Postgres checks their references to each other at commit) and shown as the
-    new leaf."""
+    new leaf. With `count_tokens` the message's token count is written with it, saving the
+    update the context's count would cost."""
     user_message = Message(
         conversation=conversation,
         parent=path[-1],
         role=Message.Role.USER,
         content=content,
         status=Message.Status.COMPLETE,
+        content_tokens=count_tokens(content) if count_tokens is not None else None,
     )
     placeholder = _placeholder(conversation, user_message)
     user_message.current_child = placeholder
@@ -163,17 +170,21 @@ def conversation_create(
     system_prompt: str = "",
     title: str = "",
     source: str = Conversation.Source.WEB,
+    count_tokens: Callable[[str], int] | None = None,
 ) -> Conversation:
     """Start a conversation: its row and its root `system` message holding the system prompt.
 
     `model` defaults to `settings.DEFAULT_MODEL`; a title given here counts as set by the
-    user, so automatic titling leaves it alone.
+    user, so automatic titling leaves it alone. `count_tokens`, the model's count, fills in
+    the system prompt's token count as it is written.
     """
     conversation = conversation_new(
         owner=owner, model=model, system_prompt=system_prompt, title=title, source=source
     )
     with transaction.atomic():
         root = _root(conversation)
+        if count_tokens is not None:
+            root.content_tokens = count_tokens(root.content)
         conversation.current_leaf = root
         conversation.save()
         root.save()
@@ -222,13 +233,18 @@ def _root(conversation: Conversation) -> Message:
 
 
 def message_send(
-    *, conversation: Conversation, content: str, parent: Message | uuid.UUID | None = None
+    *,
+    conversation: Conversation,
+    content: str,
+    parent: Message | uuid.UUID | None = None,
+    count_tokens: Callable[[str], int] | None = None,
 ) -> Written:
     """Add a user message and the placeholder of its answer.
 
     The message goes under `parent` (a message of this conversation or its id; by default
     the current leaf), so a client may continue any branch. The placeholder is `queued`
-    with the conversation's model and becomes the current leaf.
+    with the conversation's model and becomes the current leaf. `count_tokens`, the model's
+    count, fills in the message's token count as it is written.
     """
     _check_content(content)
     with transaction.atomic():
@@ -250,11 +266,14 @@ def message_send(
                 f"A user message cannot follow a {path[-1].role} message.",
             )
         _check_idle(conversation)
-        return _add_turn(conversation, path, content)
+        return _add_turn(conversation, path, content, count_tokens)
 
 
-def message_edit(*, message: Message, content: str) -> Written:
-    """Edit a user message: a new sibling with `content` and the placeholder of its answer.
+def message_edit(
+    *, message: Message, content: str, count_tokens: Callable[[str], int] | None = None
+) -> Written:
+    """Edit a user message: a new sibling with `content` and the placeholder of its answer
+    (`count_tokens` as for `message_send`).
 
     The old message and everything under it stay intact, one branch switch away.
     """
@@ -265,7 +284,7 @@ def message_edit(*, message: Message, content: str) -> Written:
     with transaction.atomic():
         _lock(conversation)
         _check_idle(conversation)
-        return _add_turn(conversation, _path_above(conversation, message), content)
+        return _add_turn(conversation, _path_above(conversation, message), content, count_tokens)
 
 
 def message_regenerate(*, message: Message) -> Written:

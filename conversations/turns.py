@@ -81,7 +81,12 @@ def conversation_start(
     model = (model or settings.DEFAULT_MODEL).strip()
     plan_pool(plan=plan_for_user(user=user), pool=pool_named(model=model))
     return services.conversation_create(
-        owner=user, model=model, system_prompt=system_prompt, title=title, source=source
+        owner=user,
+        model=model,
+        system_prompt=system_prompt,
+        title=title,
+        source=source,
+        count_tokens=_token_counter(model),
     )
 
 
@@ -99,7 +104,10 @@ def turn_send(
         user=user,
         conversation=conversation,
         write=lambda: services.message_send(
-            conversation=conversation, content=content, parent=parent
+            conversation=conversation,
+            content=content,
+            parent=parent,
+            count_tokens=_token_counter(conversation.model),
         ),
         content=content,
         idempotency_key=idempotency_key,
@@ -119,7 +127,11 @@ def turn_edit(
     return _queued_turn(
         user=user,
         conversation=message.conversation,
-        write=lambda: services.message_edit(message=message, content=content),
+        write=lambda: services.message_edit(
+            message=message,
+            content=content,
+            count_tokens=_token_counter(message.conversation.model),
+        ),
         content=content,
         idempotency_key=idempotency_key,
         request={"action": "edit", "message": message.pk, "content": content},
@@ -139,6 +151,13 @@ def turn_regenerate(*, user: User, message: Message, idempotency_key: str | None
 
 
 _Write = Callable[[], services.Written]
+
+
+def _token_counter(model: str) -> Callable[[str], int]:
+    """Counts a text's tokens with `model`'s tokenizer, for the tree writes that store a new
+    message's count with it."""
+    tokenizer = pool_tokenizer(pool_named(model=model))
+    return lambda text: count_tokens(tokenizer, text)
 
 
 def _queued_turn(
@@ -404,11 +423,10 @@ def turn_from_messages(
     )
 
     def write() -> services.Written:
-        tokenizer = pool_tokenizer(pool_named(model=conversation.model))
         return services.conversation_write_new_branch(
             conversation=conversation,
             messages=messages,
-            count_tokens=lambda text: count_tokens(tokenizer, text),
+            count_tokens=_token_counter(conversation.model),
         )
 
     # Every message here is the client's own text, never checked before: all of it is new.

@@ -17,6 +17,8 @@ from rest_framework.test import APIClient
 from accounts.services import api_key_create
 from billing.selectors import default_plan
 from conversations.models import Conversation
+from inference.services import generation_finish, pool_named
+from inference.tokens import count_tokens, pool_tokenizer
 from moderation.classifiers import local
 
 from .factories import ConversationFactory, exchange
@@ -28,10 +30,13 @@ API = "/api/v1/conversations"
 # 26, 27 and 25 before the plan of a user without a subscription took one statement, not two,
 # 25, 26 and 24 before the plan, its pools and the pool were kept per process by
 # `chatsite.catalog`, 22, 23 and 21 before the tree change wrote the new messages in one
-# statement and handed its branch on instead of each step reading it again).
-SEND_BUDGET = 18
-EDIT_BUDGET = 19
-REGENERATE_BUDGET = 19
+# statement and handed its branch on instead of each step reading it again, 18, 19 and 19
+# before token counts were written with the rows: a system prompt's with its conversation, a
+# user message's with it, an answer's with its final text, where the context counted and
+# updated them one by one on the next turn).
+SEND_BUDGET = 16
+EDIT_BUDGET = 17
+REGENERATE_BUDGET = 17
 # The key, the sanction check, then one transaction: the conversation, all its messages in one
 # statement, the conversation's tool switches, the generation (26 when the conversation was
 # created on its own first, and its messages written and read back as a send does).
@@ -47,11 +52,23 @@ def _no_timed_rule_reload(monkeypatch: pytest.MonkeyPatch) -> None:
 
 @pytest.fixture
 def conversation(user: Any, api_client: APIClient) -> Conversation:
-    conversation = ConversationFactory.create(owner=user)
+    # Started through the API, as a client does (its system prompt counted as it is written).
+    created = api_client.post(API, {"system_prompt": "You are a helpful assistant."})
+    assert created.status_code == 201, created.content
+    conversation = Conversation.objects.get(pk=created.json()["id"])
     # A first turn elsewhere, so that what a first request alone pays is not counted.
     warm = ConversationFactory.create(owner=user)
     assert api_client.post(f"{API}/{warm.pk}/messages", {"content": "hi"}).status_code == 201
     return conversation
+
+
+def counted(conversation: Conversation) -> None:
+    """Token counts on every message, as the service writes them (a message's with it, an
+    answer's with its final text): the factories leave them to be counted later."""
+    tokenizer = pool_tokenizer(pool_named(model=conversation.model))
+    for message in conversation.messages.filter(content_tokens__isnull=True):
+        message.content_tokens = count_tokens(tokenizer, message.content)
+        message.save(update_fields=["content_tokens"])
 
 
 def statements(call: Any, *, status: int = 201) -> tuple[int, list[str]]:
@@ -70,6 +87,7 @@ def test_a_send_stays_within_its_budget(api_client: APIClient, conversation: Con
 
 def test_an_edit_stays_within_its_budget(api_client: APIClient, conversation: Conversation) -> None:
     question, _ = exchange(conversation, "one", answer="an answer")
+    counted(conversation)
     count, sql = statements(
         lambda: api_client.post(
             f"{API}/{conversation.pk}/messages/{question.pk}/edit", {"content": "uno"}
@@ -82,6 +100,7 @@ def test_a_regeneration_stays_within_its_budget(
     api_client: APIClient, conversation: Conversation
 ) -> None:
     _, answer = exchange(conversation, "one", answer="an answer")
+    counted(conversation)
     count, sql = statements(
         lambda: api_client.post(f"{API}/{conversation.pk}/messages/{answer.pk}/regenerate")
     )
@@ -117,3 +136,24 @@ def test_a_v1_request_stays_within_its_budget(user: Any) -> None:
     assert [m.parent_id for m in branch[1:]] == [m.pk for m in branch[:-1]]
     assert [m.current_child_id for m in branch[:-1]] == [m.pk for m in branch[1:]]
     assert all(m.content_tokens for m in branch[:-1]) and branch[-1].content_tokens is None
+
+
+def test_token_counts_are_written_with_the_rows(
+    api_client: APIClient, conversation: Conversation
+) -> None:
+    """What the budgets above rely on: no turn counts and updates an earlier message."""
+    tokenizer = pool_tokenizer(pool_named(model=conversation.model))
+    root = conversation.messages.get(role="system")
+    assert root.content_tokens == count_tokens(tokenizer, root.content)
+
+    sent = api_client.post(f"{API}/{conversation.pk}/messages", {"content": "Name a bread."})
+    assert sent.status_code == 201, sent.content
+    question = conversation.messages.get(pk=sent.json()["user_message"]["id"])
+    assert question.content_tokens == count_tokens(tokenizer, "Name a bread.")
+
+    generation_id = sent.json()["generation"]["id"]
+    generation_finish(
+        generation_id=generation_id, status="complete", text="Sourdough.", finish_reason="stop"
+    )
+    answer = conversation.messages.get(generation__pk=generation_id)
+    assert answer.content_tokens == count_tokens(tokenizer, "Sourdough.")
