@@ -14,6 +14,8 @@ from django.core.cache import cache
 from django.db.models import Case, Q, Value, When
 from django.utils import timezone
 
+from chatsite.catalog import CATALOG
+
 from .categories import CATEGORIES
 from .models import CategoryThreshold, Rule, Sanction
 from .rules import CompiledRule, compile_rule
@@ -96,6 +98,17 @@ def sanction_in_force(*, user_id: Any) -> Sanction | None:
         .order_by("not_a_ban", "-ends_at", "pk")
         .first()
     )
+
+
+def sanction_blocking(*, user_id: Any) -> Sanction | None:
+    """`sanction_in_force`, for the send path: kept per process under the catalog
+    (`chatsite.catalog`), so a send reads no sanction; any change to a sanction (imposed,
+    lifted, a warning seen) drops what every process keeps. A suspension that ran out since
+    it was read is read again, on each send until the next catalog change."""
+    sanction = CATALOG.get(("sanction", user_id), lambda: sanction_in_force(user_id=user_id))
+    if sanction is not None and sanction.ends_at is not None and sanction.ends_at <= timezone.now():
+        return sanction_in_force(user_id=user_id)
+    return sanction
 
 
 def warnings_unseen(*, user: Any) -> list[Sanction]:

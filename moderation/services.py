@@ -35,7 +35,7 @@ EXCERPT_MAX_CHARS = 8000
 
 def moderation_ensure_can_send(*, user: User) -> None:
     """Refuse a suspended or banned account (403), saying until when."""
-    sanction = selectors.sanction_in_force(user_id=user.pk)
+    sanction = selectors.sanction_blocking(user_id=user.pk)
     if sanction is None:
         return
     if sanction.kind == Sanction.Kind.BAN:

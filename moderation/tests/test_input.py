@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from billing import quota
@@ -204,10 +206,30 @@ def test_a_banned_user_is_refused_and_the_web_chat_session_too(
     assert error["detail"]["until"] is None
 
 
+def test_a_ban_and_its_lifting_apply_at_once_though_standing_is_kept_per_process(
+    api_client: APIClient, user: User, staff: User, conversation: Conversation
+) -> None:
+    # The first send keeps "no sanction" for this user in the process's catalog...
+    assert send(api_client, conversation, BENIGN).status_code == 201
+    finish_all(user)
+    with CaptureQueriesContext(connection) as captured:
+        assert send(api_client, conversation, BENIGN).status_code == 201
+    assert not [q for q in captured.captured_queries if "moderation_sanction" in q["sql"]]
+    finish_all(user)
+
+    # ...which a sanction imposed or lifted drops at once.
+    ban = services.user_ban(user=user, by=staff, reason="abuse")
+    assert_error(send(api_client, conversation, BENIGN), 403, "account_banned")
+    services.sanction_lift(sanction=ban, by=staff)
+    assert send(api_client, conversation, BENIGN).status_code == 201
+
+
 def test_an_expired_suspension_no_longer_refuses(
     api_client: APIClient, user: User, staff: User, conversation: Conversation
 ) -> None:
     sanction = services.user_suspend(user=user, by=staff, hours=1)
+    # Refused, and the suspension kept per process; then it runs out (no change is signalled).
+    assert_error(send(api_client, conversation, BENIGN), 403, "account_suspended")
     Sanction.objects.filter(pk=sanction.pk).update(ends_at=sanction.created_at)
     assert send(api_client, conversation, BENIGN).status_code == 201
 
