@@ -90,7 +90,8 @@ return 1
 """
 
 # Claim the oldest generation of the best non-empty tier. ZPOPMIN is what makes a
-# generation go to exactly one replica.
+# generation go to exactly one replica. Returns its id, its queue and its job's fields (a
+# flat list of names and values).
 CLAIM = """
 for i = 1, #KEYS do
   local popped = redis.call('ZPOPMIN', KEYS[i])
@@ -99,7 +100,7 @@ for i = 1, #KEYS do
     local job = ARGV[1] .. id
     if redis.call('EXISTS', job) == 1 then
       redis.call('HSET', job, 'owner', ARGV[2], 'claimed_ms', ARGV[3])
-      return {id, KEYS[i]}
+      return {id, KEYS[i], redis.call('HGETALL', job)}
     end
   end
 end

@@ -241,9 +241,9 @@ class Scheduler:
             )
             if not claimed:
                 continue
-            generation_id, queue_name = claimed
-            fields = await self.redis.hgetall(queue.job_key(generation_id))
-            job = queue.Job.from_fields({str(k): str(v) for k, v in fields.items()})
+            # The job comes with its claim: no second round trip to read it.
+            generation_id, queue_name, flat = claimed
+            job = queue.Job.from_fields(dict(zip(flat[::2], flat[1::2], strict=True)))
             for view in await self.capacity.place(job, candidates):
                 if await self.capacity.acquire(view, generation_id, tokens=job.kv_tokens):
                     run = self.runs.new(job, view)
