@@ -91,19 +91,22 @@ def release_request_thread() -> None:
     Django runs each request in an asgiref `ThreadSensitiveContext`, whose one-thread
     executor lives until the response ends: an idle stream would hold an idle thread, its
     stack and state (an idle stream cost 122 KiB with it, 61 without). The executor is
-    dropped from asgiref's table and given back to the edge's handler, which lent it
-    (`chatsite.threads.EdgeHandler`), or else shut down, as the context's exit would.
-    Synchronous code the response still runs later gets a new thread.
+    given back to the edge's handler, which lent it (`chatsite.threads.EdgeHandler`), and a
+    `threads.LateThread` takes its place: synchronous code the response still runs (Django
+    closing it) borrows a thread again only then. An executor the handler did not lend is
+    dropped from asgiref's table and shut down, as the context's exit would.
     """
     context = SyncToAsync.thread_sensitive_context.get(None)
     if context is None or getattr(context, "_executor", None) is not None:
         return  # no context, or one whose executor its creator owns
-    executor = SyncToAsync.context_to_thread_executor.pop(context, None)
-    if executor is None:
+    executor = SyncToAsync.context_to_thread_executor.get(context)
+    if executor is None or isinstance(executor, threads.LateThread):
         return
     if threads.REQUEST_THREADS.lent(executor):
+        SyncToAsync.context_to_thread_executor[context] = threads.LateThread()
         threads.REQUEST_THREADS.give_back(executor)  # type: ignore[arg-type]
     else:
+        del SyncToAsync.context_to_thread_executor[context]
         executor.shutdown(wait=False)
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor, Future, ThreadPoolExecutor
 from typing import Any, TypeVar
 
 from asgiref.sync import (
@@ -107,6 +107,34 @@ class RequestThreads:
 REQUEST_THREADS = RequestThreads()
 
 
+class LateThread(Executor):
+    """Stands in the place of a request's executor once a streaming response has given it
+    back (`chatsite.sse.release_request_thread`): what sync code the request still runs
+    (Django closing the response at its end) borrows a thread from `REQUEST_THREADS` only
+    then, instead of asgiref starting a thread for it and another to join that one."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._borrowed: ThreadPoolExecutor | None = None
+
+    def submit(self, fn: Callable[..., T], /, *args: Any, **kwargs: Any) -> Future[T]:
+        with self._lock:
+            if self._borrowed is None:
+                self._borrowed = REQUEST_THREADS.lend()
+            borrowed = self._borrowed
+        return borrowed.submit(fn, *args, **kwargs)
+
+    def give_back(self) -> None:
+        """Return the thread it borrowed, if it borrowed one."""
+        with self._lock:
+            borrowed, self._borrowed = self._borrowed, None
+        if borrowed is not None:
+            REQUEST_THREADS.give_back(borrowed)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self.give_back()
+
+
 class EdgeHandler(ASGIHandler):
     """Django's ASGI handler, its requests' thread-sensitive code on reused threads.
 
@@ -133,8 +161,13 @@ class EdgeHandler(ASGIHandler):
             try:
                 await self.handle(scope, receive, send)
             finally:
-                # Unless a streaming response gave it back already (it may be another
-                # request's by now).
-                if SyncToAsync.context_to_thread_executor.get(context) is executor:
+                # Ours, or the stand-in a streaming response left when it gave ours back
+                # early (it may be another request's by now); out of asgiref's table, so
+                # that the context's exit joins no thread.
+                current = SyncToAsync.context_to_thread_executor.get(context)
+                if current is executor:
                     del SyncToAsync.context_to_thread_executor[context]
                     REQUEST_THREADS.give_back(executor)
+                elif isinstance(current, LateThread):
+                    del SyncToAsync.context_to_thread_executor[context]
+                    current.give_back()

@@ -151,3 +151,32 @@ async def test_a_thread_given_back_early_is_not_given_back_again() -> None:
     # The first request's end left it with its new borrower.
     assert REQUEST_THREADS.lent(borrowed)
     REQUEST_THREADS.give_back(borrowed)  # type: ignore[arg-type]
+
+
+async def test_sync_code_after_an_early_give_back_borrows_a_thread_and_starts_none(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    app = EdgeHandler()
+
+    def give_back_early(**_: Any) -> None:
+        # As a streaming response does; the rest of the request (resolving the view, Django
+        # closing the response) still runs sync code in the request's context.
+        sse.release_request_thread()
+
+    request_started.connect(give_back_early, dispatch_uid="test-late")
+    try:
+        assert await get(app) == 404  # the threads it needs exist from here on
+        started: list[threading.Thread] = []
+        start = threading.Thread.start
+
+        def counted(thread: threading.Thread) -> None:
+            started.append(thread)
+            start(thread)
+
+        monkeypatch.setattr(threading.Thread, "start", counted)
+        assert await get(app) == 404
+        assert await get(app) == 404
+    finally:
+        request_started.disconnect(dispatch_uid="test-late")
+    # asgiref started one for the code after the give-back, and one to join it, each time.
+    assert started == []
