@@ -25,6 +25,20 @@ def generation_for_user(*, user: User, generation_id: Any) -> Generation:
     return generation
 
 
+def generation_to_stream(*, user: User, generation_id: Any) -> Generation:
+    """`generation_for_user` for its stream, which needs only the columns a cancel reads (its
+    status, tier and pool's name): a lighter statement on every stream opened."""
+    generation = (
+        Generation.objects.select_related("pool")
+        .only("id", "status", "tier", "pool__id", "pool__name")
+        .filter(pk=generation_id, user=user)
+        .first()
+    )
+    if generation is None:
+        raise NotFound("Generation not found.")
+    return generation
+
+
 def generation_ids_for_messages(*, message_ids: list[Any]) -> dict[Any, Any]:
     """Assistant message id -> id of its generation, in one query."""
     rows = Generation.objects.filter(message_id__in=message_ids).values_list("message_id", "id")

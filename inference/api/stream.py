@@ -45,7 +45,7 @@ async def generation_stream(
     # headers describe them without looking the key up again.
     request.user = user
     try:
-        generation = await sync_to_async(selectors.generation_for_user)(
+        generation = await sync_to_async(selectors.generation_to_stream)(
             user=user, generation_id=generation_id
         )
     except NotFound as exc:
