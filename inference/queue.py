@@ -22,6 +22,7 @@ from typing import Any, cast
 
 from django.conf import settings
 from redis import Redis
+from redis.client import Pipeline
 
 # The project's one client factory, re-exported for the callers that say `queue.sync_redis()`.
 from chatsite.redis import async_redis as async_redis
@@ -235,9 +236,10 @@ def request_cancel(redis: Redis, generation_id: str) -> None:
 
 
 def append_event(redis: Redis, generation_id: str, event: str, data: dict[str, Any]) -> str:
-    """Append one event to a generation's stream; returns its id (the SSE id)."""
+    """Append one event to a generation's stream; returns its id (the SSE id), or "" where
+    `redis` is a pipeline (the id comes with its results)."""
     entry_id = redis.xadd(stream_key(generation_id), {"event": event, "data": json.dumps(data)})
-    return str(entry_id)
+    return "" if isinstance(entry_id, Pipeline) else str(entry_id)
 
 
 def expire_stream(redis: Redis, generation_id: str) -> None:

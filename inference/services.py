@@ -261,25 +261,27 @@ def generation_finish(
         hooks.generation_finishing(generation=generation, outcome=outcome)
 
     hooks.generation_finished(generation=generation, outcome=outcome)
-    redis = sync_redis()
     gid = str(generation_id)
-    if status in (Generation.Status.FAILED, Generation.Status.REJECTED):
+    # The stream's last events, its expiry and the job's removal: one round trip.
+    with sync_redis().pipeline(transaction=False) as pipe:
+        if status in (Generation.Status.FAILED, Generation.Status.REJECTED):
+            queue.append_event(
+                pipe, gid, StreamEvent.ERROR, {"code": error_code, "message": error_message}
+            )
         queue.append_event(
-            redis, gid, StreamEvent.ERROR, {"code": error_code, "message": error_message}
+            pipe,
+            gid,
+            StreamEvent.DONE,
+            {
+                "status": status,
+                "finish_reason": finish_reason,
+                "prompt_tokens": prompt_tokens,
+                "output_tokens": output_tokens,
+            },
         )
-    queue.append_event(
-        redis,
-        gid,
-        StreamEvent.DONE,
-        {
-            "status": status,
-            "finish_reason": finish_reason,
-            "prompt_tokens": prompt_tokens,
-            "output_tokens": output_tokens,
-        },
-    )
-    queue.expire_stream(redis, gid)
-    redis.delete(queue.job_key(gid))
+        queue.expire_stream(pipe, gid)
+        pipe.delete(queue.job_key(gid))
+        pipe.execute()
     return True
 
 
