@@ -22,6 +22,7 @@ There is one hub per event loop (`hub()`): an edge process runs one; tests run o
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import weakref
@@ -65,15 +66,65 @@ def entry_key(entry_id: str) -> tuple[int, int]:
     return int(milliseconds), int(sequence or 0)
 
 
+Item = tuple[str, dict[str, str]] | BaseException
+
+
+class Mailbox:
+    """The entries waiting for one subscription: what an `asyncio.Queue` did here, for the
+    one reader and the hub on the event loop, without the queue's four deques and its event
+    (3 KiB a stream, held by every idle stream) or its bookkeeping on each entry. The deque
+    comes with the first entry."""
+
+    __slots__ = ("_items", "_waiter")
+
+    def __init__(self) -> None:
+        self._items: collections.deque[Item] | None = None
+        self._waiter: asyncio.Future[None] | None = None
+
+    def __len__(self) -> int:
+        return len(self._items) if self._items is not None else 0
+
+    def put(self, item: Item) -> None:
+        if self._items is None:
+            self._items = collections.deque()
+        self._items.append(item)
+        waiter = self._waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    def pop(self) -> Item:
+        """The oldest entry (IndexError if none is: call after `wait` said one is there)."""
+        if not self._items:
+            raise IndexError("no entry is waiting")
+        return self._items.popleft()
+
+    async def wait(self, seconds: float) -> bool:
+        """Until an entry is waiting (True) or `seconds` pass without one (False)."""
+        if self._items:
+            return True
+        loop = asyncio.get_running_loop()
+        waiter = self._waiter = loop.create_future()
+        timer = loop.call_later(seconds, _wake_up, waiter)
+        try:
+            await waiter
+        finally:
+            timer.cancel()
+            self._waiter = None
+        return bool(self._items)
+
+
+def _wake_up(waiter: asyncio.Future[None]) -> None:
+    if not waiter.done():
+        waiter.set_result(None)
+
+
 @dataclass(eq=False)
 class Subscription:
     """One response's place in one stream, and the entries waiting for it."""
 
     stream: str
     last_id: str
-    queue: asyncio.Queue[tuple[str, dict[str, str]] | BaseException] = field(
-        default_factory=asyncio.Queue
-    )
+    mailbox: Mailbox = field(default_factory=Mailbox)
     # `last_id` as a comparable key, kept beside it (every read compares every stream's).
     position: tuple[int, int] = (0, 0)
 
@@ -272,11 +323,11 @@ class StreamHub:
             for key, entry_id, fields in keyed:
                 if key <= subscription.position:
                     continue
-                if subscription.queue.qsize() >= MAX_BACKLOG:
+                if len(subscription.mailbox) >= MAX_BACKLOG:
                     self.unsubscribe(subscription)
-                    subscription.queue.put_nowait(Lagging(stream))
+                    subscription.mailbox.put(Lagging(stream))
                     break
-                subscription.queue.put_nowait((entry_id, fields))
+                subscription.mailbox.put((entry_id, fields))
                 subscription.last_id, subscription.position = entry_id, key
 
     def _fail_all(self, exc: BaseException) -> None:
@@ -284,7 +335,7 @@ class StreamHub:
         self._subscriptions.clear()
         self._pieces.clear()
         for subscription in subscriptions:
-            subscription.queue.put_nowait(exc)
+            subscription.mailbox.put(exc)
 
     async def _close_reader(self) -> None:
         reader, self._reader, self._reader_id = self._reader, None, None
@@ -331,18 +382,12 @@ def hub() -> StreamHub:
 async def stream_entries(subscription: Subscription, *, idle_seconds: float) -> Any:
     """The subscription's entries as they come, None after each `idle_seconds` without one;
     raises what ended it (a Redis error, `Lagging`)."""
-    queue = subscription.queue
+    mailbox = subscription.mailbox
     while True:
-        if queue.empty():
-            try:
-                # A timer only when there is nothing to hand on (wait_for would cost a task).
-                async with asyncio.timeout(idle_seconds):
-                    item = await queue.get()
-            except TimeoutError:
-                yield None
-                continue
-        else:
-            item = queue.get_nowait()
+        if not await mailbox.wait(idle_seconds):
+            yield None
+            continue
+        item = mailbox.pop()
         if isinstance(item, BaseException):
             raise item
         yield item

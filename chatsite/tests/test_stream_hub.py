@@ -190,3 +190,33 @@ async def test_an_idle_reader_is_closed_after_a_while(
     await asyncio.sleep(0.6)
     assert stream_hub.hub()._reader_id is None
     assert str(reader_id) not in {c["id"] for c in await redis.client_list()}
+
+
+async def test_a_mailbox_hands_on_entries_in_order_and_times_out_when_idle() -> None:
+    mailbox = stream_hub.Mailbox()
+    assert not await mailbox.wait(0.01)  # nothing came: the caller sends a heartbeat
+    assert len(mailbox) == 0
+
+    waiting = asyncio.ensure_future(mailbox.wait(10))
+    await asyncio.sleep(0)
+    mailbox.put(("1-1", {"event": "delta"}))
+    mailbox.put(("1-2", {"event": "done"}))
+    assert await asyncio.wait_for(waiting, timeout=1)  # woken at once, not at its timeout
+    assert [mailbox.pop(), mailbox.pop()] == [
+        ("1-1", {"event": "delta"}),
+        ("1-2", {"event": "done"}),
+    ]
+    with pytest.raises(IndexError):
+        mailbox.pop()
+
+    # A reader cancelled while it waits leaves nothing behind; the next one is woken.
+    cancelled = asyncio.ensure_future(mailbox.wait(10))
+    await asyncio.sleep(0)
+    cancelled.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await cancelled
+    later = asyncio.ensure_future(mailbox.wait(10))
+    await asyncio.sleep(0)
+    mailbox.put(("1-3", {"event": "delta"}))
+    assert await asyncio.wait_for(later, timeout=1)
+    assert mailbox.pop() == ("1-3", {"event": "delta"})
