@@ -5,13 +5,15 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+# The APIs first: Django tries routes in order and keeps the list of those it tried on the
+# request, for as long as a stream lasts.
 urlpatterns = [
+    path("api/v1/", include("chatsite.api.urls")),
+    path("v1/", include("conversations.openai_api.urls")),
     path("admin/", admin.site.urls),
     path("accounts/", include("accounts.urls")),
     path("billing/", include("billing.urls")),
     path("moderation/", include("moderation.urls")),
-    path("api/v1/", include("chatsite.api.urls")),
-    path("v1/", include("conversations.openai_api.urls")),
     path("api/schema/", SpectacularAPIView.as_view(), name="schema"),
     path("api/docs/", SpectacularSwaggerView.as_view(url_name="schema"), name="api-docs"),
     path("", include("conversations.urls")),
