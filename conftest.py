@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -11,6 +12,7 @@ from rest_framework.test import APIClient
 
 from accounts.services import api_key_create
 from accounts.tests.factories import UserFactory
+from chatsite import catalog
 from chatsite.redis import sync_redis
 
 # Session-wide fixtures (a live edge, real vLLM workers, the browser) start once per run,
@@ -30,6 +32,17 @@ def _clean_redis() -> Iterator[None]:
         redis.flushdb()
     finally:
         redis.close()
+
+
+@pytest.fixture
+def own_catalog_version(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The catalog's version (chatsite.catalog) as only this process changes it: the suite's
+    other processes (a live edge, a Celery worker) share its Redis database and may change
+    the shared one at any moment, so that a test counting what a request reads would see the
+    catalog reloaded now and then."""
+    version = [uuid.uuid4().hex]
+    monkeypatch.setattr(catalog, "_current_version", lambda: version[0])
+    monkeypatch.setattr(catalog, "_new_version", lambda: version.__setitem__(0, uuid.uuid4().hex))
 
 
 @pytest.fixture(autouse=True)

@@ -46,9 +46,10 @@ V1_BUDGET = 7
 
 
 @pytest.fixture(autouse=True)
-def _no_timed_rule_reload(monkeypatch: pytest.MonkeyPatch) -> None:
+def _no_timed_rule_reload(monkeypatch: pytest.MonkeyPatch, own_catalog_version: None) -> None:
     """The moderation rules are read again every few seconds, whatever the turn: on a slow
-    run that fell due within the measured request now and then (one statement over)."""
+    run that fell due within the measured request now and then (one statement over). So is
+    the catalog, when another process of the suite changes it (`own_catalog_version`)."""
     monkeypatch.setattr(local, "RULES_REFRESH_SECONDS", 3600.0)
 
 
