@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.contrib.auth.models import User
+from django.db.models import QuerySet
 
 from chatsite.errors import NotFound
 from chatsite.redis import sync_redis
@@ -15,25 +16,20 @@ from .models import Generation
 
 def generation_for_user(*, user: User, generation_id: Any) -> Generation:
     """The generation if `user` started it; NotFound otherwise, as for one that never existed."""
-    generation = (
-        Generation.objects.select_related("pool", "message")
-        .filter(pk=generation_id, user=user)
-        .first()
-    )
-    if generation is None:
-        raise NotFound("Generation not found.")
-    return generation
+    return _owned(Generation.objects.select_related("pool", "message"), user, generation_id)
 
 
 def generation_to_stream(*, user: User, generation_id: Any) -> Generation:
     """`generation_for_user` for its stream, which needs only the columns a cancel reads (its
     status, tier and pool's name): a lighter statement on every stream opened."""
-    generation = (
-        Generation.objects.select_related("pool")
-        .only("id", "status", "tier", "pool__id", "pool__name")
-        .filter(pk=generation_id, user=user)
-        .first()
+    rows = Generation.objects.select_related("pool").only(
+        "id", "status", "tier", "pool__id", "pool__name"
     )
+    return _owned(rows, user, generation_id)
+
+
+def _owned(rows: QuerySet[Generation], user: User, generation_id: Any) -> Generation:
+    generation = rows.filter(pk=generation_id, user=user).first()
     if generation is None:
         raise NotFound("Generation not found.")
     return generation
