@@ -22,7 +22,6 @@ from typing import Any, cast
 
 from django.conf import settings
 from redis import Redis
-from redis.client import Pipeline
 
 # The project's one client factory, re-exported for the callers that say `queue.sync_redis()`.
 from chatsite.redis import async_redis as async_redis
@@ -235,11 +234,9 @@ def request_cancel(redis: Redis, generation_id: str) -> None:
     redis.publish(cancel_channel(), generation_id)
 
 
-def append_event(redis: Redis, generation_id: str, event: str, data: dict[str, Any]) -> str:
-    """Append one event to a generation's stream; returns its id (the SSE id), or "" where
-    `redis` is a pipeline (the id comes with its results)."""
-    entry_id = redis.xadd(stream_key(generation_id), {"event": event, "data": json.dumps(data)})
-    return "" if isinstance(entry_id, Pipeline) else str(entry_id)
+def append_event(redis: Redis, generation_id: str, event: str, data: dict[str, Any]) -> None:
+    """Append one event to a generation's stream (`redis` may be a pipeline)."""
+    redis.xadd(stream_key(generation_id), {"event": event, "data": json.dumps(data)})
 
 
 def expire_stream(redis: Redis, generation_id: str) -> None:
