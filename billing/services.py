@@ -222,8 +222,9 @@ def usage_record(*, generation: Generation, now: int | None = None) -> None:
     input_price = price.input_micros_per_million if price else 0
     output_price = price.output_micros_per_million if price else 0
     plan = plan_of(user_id=generation.user_id)
-    # One statement, recorded or already there (INSERT ... ON CONFLICT DO NOTHING), where a
-    # read and then an insert in its own transaction took four on every answer.
+    # Recorded, or already there: INSERT ... ON CONFLICT DO NOTHING (in the transaction
+    # bulk_create opens, three statements), where a read and then an insert in its own
+    # transaction took four on every answer.
     UsageEvent.objects.bulk_create(
         [
             UsageEvent(
