@@ -53,6 +53,16 @@ worker-venv: $(WORKER_VENV)/.installed
 model: venv worker-venv
 	SECRET_KEY=prepare-only $(PY) manage.py prepare_model
 
+# The peer routers the scheduler races (benchmarks/router_race.py), in their own environment.
+ROUTERS_VENV := .venv-routers
+$(ROUTERS_VENV)/.installed: requirements-routers.txt
+	test -x $(ROUTERS_VENV)/bin/python || $(PYTHON) -m venv $(ROUTERS_VENV)
+	$(ROUTERS_VENV)/bin/python -m pip install --quiet -r requirements-routers.txt
+	touch $@
+
+.PHONY: routers-venv
+routers-venv: $(ROUTERS_VENV)/.installed
+
 .PHONY: services
 services:
 	scripts/ensure-services.sh
@@ -79,7 +89,7 @@ browser:
 	scripts/setup-browser.sh
 
 .PHONY: test
-test: venv services lint model browser
+test: venv services lint model browser routers-venv
 	$(TEST_ENV) $(PY) manage.py collectstatic --noinput --verbosity 0
 	$(TEST_ENV) CHATSITE_E2E_REQUIRED=1 $(VENV)/bin/pytest
 

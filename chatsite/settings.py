@@ -301,11 +301,24 @@ SCHEDULER_STALL_SECONDS = env_int("SCHEDULER_STALL_SECONDS", 30)
 SCHEDULER_FIRST_TOKEN_SECONDS = env_int("SCHEDULER_FIRST_TOKEN_SECONDS", 300)
 SCHEDULER_COALESCE_MS = env_int("SCHEDULER_COALESCE_MS", 50)
 SCHEDULER_HEALTH_INTERVAL_MS = env_int("SCHEDULER_HEALTH_INTERVAL_MS", 1000)
-# How a generation (and a background completion) picks its worker: "affinity" (the worker
-# holding the conversation's prefix, unless it is much busier), "least_loaded",
-# "round_robin" (for comparison), or the dotted path to a policy class
+# How a generation (and a background completion) picks its worker: "predicted_ttft" (the
+# soonest first token, by the prompt tokens each worker's KV cache lacks, its backlog and its
+# streams), "affinity" (the worker of the conversation's last turn, unless it is much busier),
+# "least_loaded", "round_robin" (for comparison), or the dotted path to a policy class
 # (inference/scheduler/placement.py). Anything else stops every process at start.
-SCHEDULER_PLACEMENT = os.environ.get("SCHEDULER_PLACEMENT", "affinity")
+SCHEDULER_PLACEMENT = os.environ.get("SCHEDULER_PLACEMENT", "predicted_ttft")
+# predicted_ttft's model of a worker until its own first tokens are fitted (`TTFTFit`): a
+# first token takes BASE + MS_PER_TOKEN per prompt token to read first + MS_PER_STREAM per
+# answer decoding there; each of those answers loses INTERFERENCE times the new prompt's
+# reading time. The defaults were measured on a vLLM CPU worker (benchmarks/README.md).
+SCHEDULER_TTFT_BASE_MS = env_float("SCHEDULER_TTFT_BASE_MS", 60.0)
+SCHEDULER_TTFT_MS_PER_TOKEN = env_float("SCHEDULER_TTFT_MS_PER_TOKEN", 0.25)
+SCHEDULER_TTFT_MS_PER_STREAM = env_float("SCHEDULER_TTFT_MS_PER_STREAM", 4.0)
+SCHEDULER_TTFT_INTERFERENCE = env_float("SCHEDULER_TTFT_INTERFERENCE", 0.1)
+# A conversation stays on its last worker unless another predicts a first token sooner by
+# more than this share and this many ms.
+SCHEDULER_HYSTERESIS = env_float("SCHEDULER_HYSTERESIS", 0.2)
+SCHEDULER_HYSTERESIS_MS = env_float("SCHEDULER_HYSTERESIS_MS", 50.0)
 # What runs the tools a model calls, and what checks answers while they stream (dotted paths).
 INFERENCE_TOOL_RUNNER = os.environ.get("INFERENCE_TOOL_RUNNER", "plugins.runner.PluginToolRunner")
 INFERENCE_OUTPUT_GUARD = os.environ.get(

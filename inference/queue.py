@@ -7,6 +7,9 @@ scheduler replicas and edge processes can share one Redis without locks:
 - `job:<id>`         hash: what the scheduler needs to run the generation (prompt, limits)
 - `lease:<worker>`   sorted set of generation ids running on a worker, scored by lease expiry;
                      a replica that dies stops renewing, and its leases lapse by themselves
+- `lease-tokens:<worker>`, `prefill:<worker>`  hashes: per lease, the tokens it may hold in the
+                     KV cache, and the prompt tokens it has yet to read
+- `{prefix}:<worker>` the blocks the worker's KV cache holds, as estimated (scheduler/prefix.py)
 - `aff:<conv>`       the worker that served the conversation's last turn
 - `metrics:<worker>` the worker's last load reading, for placement and the admin
 - `stream:<id>`      the generation's events (Redis Stream; the entry id is the SSE id)
@@ -54,6 +57,11 @@ def lease_key(worker_id: object) -> str:
 def lease_tokens_key(worker_id: object) -> str:
     """The tokens each lease on a worker may hold in its KV cache (prompt plus max_tokens)."""
     return key("lease-tokens", worker_id)
+
+
+def prefill_key(worker_id: object) -> str:
+    """The prompt tokens each lease on a worker has yet to read (until its first token)."""
+    return key("prefill", worker_id)
 
 
 def affinity_key(conversation_id: object) -> str:

@@ -13,11 +13,15 @@ priority order do the rest; no reading of vLLM's queue, which is a second old, h
 back.
 
 Placement asks the configured policy (`placement.py`) with the facts read here: the loads,
-the conversation's sticky worker and the pool's round-robin turn.
+the prompt tokens each worker's KV cache already holds (`prefix.py`), the prompt tokens placed
+on it that it has not read yet (`prefill:<worker>`, kept with the lease), each worker's speed as
+fitted from its own first tokens, the conversation's sticky worker and the pool's round-robin
+turn.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -32,20 +36,23 @@ from chatsite.redis import sync_redis
 from .. import queue, services
 from ..client import WorkerLoad
 from ..models import ModelPool, Worker
-from .placement import Candidate, PlacementPolicy, PlacementRequest, configured_policy
+from ..tokens import pool_tokenizer_folder
+from . import prefix
+from .placement import Candidate, PlacementPolicy, PlacementRequest, TTFTFit, configured_policy
 
 logger = logging.getLogger(__name__)
 
 # Take a lease on a worker only while it has room: fewer leases than its concurrency, and
 # (with a token budget, ARGV[6] > 0) room in its KV cache for this one's tokens; an idle
 # worker takes any one. Expired leases (a dead replica's) are dropped first, so capacity heals
-# by itself. KEYS: the leases, their tokens. ARGV: now, concurrency, expiry, generation id,
-# its tokens, the budget.
+# by itself. KEYS: the leases, their tokens, the prompt tokens they have yet to read. ARGV:
+# now, concurrency, expiry, generation id, its tokens, the budget, its prompt tokens to read.
 ACQUIRE_LEASE = """
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 if #expired > 0 then
   redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
   redis.call('HDEL', KEYS[2], unpack(expired))
+  redis.call('HDEL', KEYS[3], unpack(expired))
 end
 if redis.call('ZCARD', KEYS[1]) >= tonumber(ARGV[2]) then
   return 0
@@ -62,6 +69,9 @@ if budget > 0 then
 end
 redis.call('ZADD', KEYS[1], ARGV[3], ARGV[4])
 redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
+if tonumber(ARGV[7]) > 0 then
+  redis.call('HSET', KEYS[3], ARGV[4], ARGV[7])
+end
 return 1
 """
 
@@ -77,18 +87,20 @@ class WorkerView:
     served_model: str
     state: str
     max_concurrency: int
+    # The folder of its model's tokenizer and chat template (its pool's).
+    tokenizer_folder: str = ""
     load: WorkerLoad | None = None
     leases: int = 0
+    # Prompt tokens placed on it that it has not read yet (every replica's placements).
+    backlog: int = 0
 
-    def candidate(self) -> Candidate:
-        load = self.load or WorkerLoad()
-        return Candidate(
-            id=self.id,
-            leases=self.leases,
-            running=load.running,
-            waiting=load.waiting,
-            kv_cache_percent=load.kv_cache_percent,
-        )
+    @property
+    def block_size(self) -> int:
+        return self.load.block_size if self.load is not None else 0
+
+    @property
+    def capacity_blocks(self) -> int:
+        return self.load.num_gpu_blocks if self.load is not None else 0
 
     def has_room(self) -> bool:
         """Room for one more lease, as far as this replica counted; the lease's Lua step
@@ -102,12 +114,37 @@ class WorkerView:
         return int(capacity * settings.SCHEDULER_KV_OVERCOMMIT)
 
 
+@dataclass
+class Placement:
+    """A worker chosen for a request, with what placement knew of the request there."""
+
+    view: WorkerView
+    prompt: prefix.Prompt | None
+    prompt_tokens: int
+    cached_tokens: int = 0
+
+    @property
+    def uncached_tokens(self) -> int:
+        return max(0, self.prompt_tokens - self.cached_tokens)
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What a worker had before it to read when a generation was admitted there: with the
+    time to its first token, one measurement of the worker's speed."""
+
+    worker_id: int
+    tokens: int  # its backlog and this prompt's uncached tokens
+    streams: int  # the leases on it before this one
+
+
 class Capacity:
     """This replica's workers, the leases it holds, and the placement of a generation."""
 
     def __init__(self, redis: Any, policy: PlacementPolicy) -> None:
         self.redis = redis
         self.policy = policy
+        self.index = prefix.RedisIndex(redis)
         self.workers: dict[int, WorkerView] = {}
         # The pools with workers (placement), and every active pool (the queue limit and the
         # queue positions: a pool without workers still has a line that must not wait for
@@ -115,6 +152,8 @@ class Capacity:
         self.pools: list[str] = []
         self.active_pools: list[str] = []
         self.leases: dict[str, int] = {}  # generation id -> worker id
+        # Each worker's speed, fitted from the first tokens this replica saw there.
+        self.fits: dict[int, TTFTFit] = {}
 
     async def mark_down(self, view: WorkerView, error: str) -> None:
         view.state = Worker.State.DOWN
@@ -124,7 +163,12 @@ class Capacity:
         await sync_to_async(services.worker_set_state)(
             worker_id=view.id, state=Worker.State.DOWN, error=error
         )
+        await self.forget_cache(view.id)
         logger.warning("worker %s is down: %s", view.name, error)
+
+    async def forget_cache(self, worker_id: int) -> None:
+        """The worker's KV cache is gone (it went down or restarted): so is its index."""
+        await self.index.clear(worker_id)
 
     async def candidates(self, pool: str, *, exclude: set[int] | None = None) -> list[WorkerView]:
         """The pool's healthy workers that can take one more generation now."""
@@ -139,13 +183,16 @@ class Capacity:
             now = queue.now_ms()
             for view in views:
                 pipe.zcount(queue.lease_key(view.id), now, "+inf")
-            counts = await pipe.execute()
-        for view, count in zip(views, counts, strict=True):
+                pipe.hvals(queue.prefill_key(view.id))
+            measured = await pipe.execute()
+        for view, count, backlog in zip(views, measured[0::2], measured[1::2], strict=True):
             view.leases = int(count)
+            view.backlog = sum(int(tokens) for tokens in backlog)
         return [v for v in views if v.has_room()]
 
-    async def place(self, job: queue.Job, views: list[WorkerView]) -> list[WorkerView]:
+    async def place(self, job: queue.Job, views: list[WorkerView]) -> list[Placement]:
         """`views` in the order the policy prefers for `job`."""
+        placements = await self._placements(job, views)
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.get(queue.affinity_key(job.conversation_id))
             pipe.incr(queue.key("rr", job.pool))
@@ -155,29 +202,125 @@ class Capacity:
             conversation_id=job.conversation_id,
             sticky_worker_id=_worker_id(sticky),
             turn=int(turn),
+            prompt_tokens=placements[0].prompt_tokens if placements else 0,
         )
-        by_id = {view.id: view for view in views}
-        return [by_id[c.id] for c in self.policy.order([v.candidate() for v in views], request)]
+        by_id = {p.view.id: p for p in placements}
+        candidates = [self._candidate(p) for p in placements]
+        return [by_id[c.id] for c in self.policy.order(candidates, request)]
 
-    async def acquire(self, view: WorkerView, generation_id: str, *, tokens: int = 0) -> bool:
-        """A lease on `view` for a generation whose prompt and answer take `tokens`."""
+    async def _placements(self, job: queue.Job, views: list[WorkerView]) -> list[Placement]:
+        """Each view with the part of `job`'s prompt its KV cache holds, by the index."""
+        if not views:
+            return []
+        # A pool's workers serve one model: one tokenizer and one template.
+        prompt = prefix.prompt_of(views[0].tokenizer_folder, job.messages, job.tools)
+        if prompt is None:
+            return [Placement(view, None, job.prompt_tokens) for view in views]
+        placements = [Placement(view, prompt, len(prompt.token_ids)) for view in views]
+        by_block_size: dict[int, list[Placement]] = {}
+        for placement in placements:
+            by_block_size.setdefault(placement.view.block_size, []).append(placement)
+        for block_size, group in by_block_size.items():
+            hashes = prompt.hashes(block_size)
+            matched = await self.index.matched_blocks([p.view.id for p in group], hashes)
+            for placement, blocks in zip(group, matched, strict=True):
+                placement.cached_tokens = blocks * block_size
+        return placements
+
+    def _candidate(self, placement: Placement) -> Candidate:
+        view = placement.view
+        load = view.load or WorkerLoad()
+        fit = self.fits.get(view.id)
+        return Candidate(
+            id=view.id,
+            leases=view.leases,
+            running=load.running,
+            waiting=load.waiting,
+            kv_cache_percent=load.kv_cache_percent,
+            cached_tokens=placement.cached_tokens,
+            prefill_backlog=view.backlog,
+            speed=fit.speed() if fit is not None else None,
+        )
+
+    async def acquire(
+        self, placement: Placement, generation_id: str, *, tokens: int = 0
+    ) -> Admitted | None:
+        """A lease on the placement's worker for a generation whose prompt and answer take
+        `tokens`; None if it has no room. The index learns that the worker now holds the
+        prompt."""
+        view = placement.view
+        admitted = Admitted(
+            worker_id=view.id,
+            tokens=view.backlog + placement.uncached_tokens,
+            streams=view.leases,
+        )
         now = queue.now_ms()
         ok = await self.redis.eval(
             ACQUIRE_LEASE,
-            2,
+            3,
             queue.lease_key(view.id),
             queue.lease_tokens_key(view.id),
+            queue.prefill_key(view.id),
             str(now),
             str(view.max_concurrency),
             str(now + queue.LEASE_SECONDS * 1000),
             generation_id,
             str(max(0, tokens)),
             str(view.token_budget()),
+            str(placement.uncached_tokens),
         )
-        if ok:
-            self.leases[generation_id] = view.id
-            view.leases += 1
-        return bool(ok)
+        if not ok:
+            return None
+        self.leases[generation_id] = view.id
+        view.leases += 1
+        view.backlog += placement.uncached_tokens
+        if placement.prompt is not None:
+            await self.index.record(
+                view.id,
+                placement.prompt.hashes(view.block_size),
+                capacity=view.capacity_blocks,
+                now_ms=now,
+            )
+        return admitted
+
+    async def first_token(self, generation_id: str, admitted: Admitted, ttft_ms: float) -> None:
+        """The worker has read the prompt: off its backlog, and one more measurement of it."""
+        self.fits.setdefault(admitted.worker_id, TTFTFit()).observe(
+            tokens=admitted.tokens, streams=admitted.streams, ttft_ms=ttft_ms
+        )
+        await self.redis.hdel(queue.prefill_key(admitted.worker_id), generation_id)
+
+    async def remember_answer(
+        self,
+        view: WorkerView,
+        messages: list[dict[str, Any]],
+        tools: list[dict[str, Any]] | None,
+        text: str,
+        *,
+        sequence_tokens: int,
+    ) -> None:
+        """The index learns the blocks an answer filled on `view` (the next turn's prefix)."""
+        if not text or view.block_size <= 0:
+            return
+        answer = await asyncio.to_thread(
+            prefix.answer_of,
+            view.tokenizer_folder,
+            messages,
+            tools,
+            text,
+            sequence_tokens=sequence_tokens,
+        )
+        if answer is None:
+            return
+        try:
+            await self.index.record(
+                view.id,
+                answer.hashes(view.block_size),
+                capacity=view.capacity_blocks,
+                now_ms=queue.now_ms(),
+            )
+        except Exception:  # an estimate missed; the answer itself is safe
+            logger.warning("could not record an answer's blocks on %s", view.name, exc_info=True)
 
     async def release(self, generation_id: str) -> None:
         worker_id = self.leases.pop(generation_id, None)
@@ -185,6 +328,7 @@ class Capacity:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.zrem(queue.lease_key(worker_id), generation_id)
                 pipe.hdel(queue.lease_tokens_key(worker_id), generation_id)
+                pipe.hdel(queue.prefill_key(worker_id), generation_id)
                 # Room on a worker: the other replicas look for work now, not at their next
                 # poll (this one is woken by its own run's end).
                 pipe.publish(queue.wake_channel(), "released")
@@ -275,6 +419,7 @@ def worker_rows() -> list[WorkerView]:
             served_model=w.pool.served_model,
             state=w.state,
             max_concurrency=w.max_concurrency,
+            tokenizer_folder=pool_tokenizer_folder(w.pool),
         )
         for w in Worker.objects.filter(pool__is_active=True).select_related("pool")
     ]

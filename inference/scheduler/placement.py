@@ -34,6 +34,12 @@ class Candidate:
     running: float = 0.0  # vLLM's own counts, from its last /metrics
     waiting: float = 0.0
     kv_cache_percent: float = 0.0
+    # The request's prompt tokens this worker holds in its KV cache (the prefix index).
+    cached_tokens: int = 0
+    # Prompt tokens placed on it that it has not finished reading (no first token yet).
+    prefill_backlog: int = 0
+    # Its speed as measured (`TTFTFit`); None: the model's defaults.
+    speed: Speed | None = None
 
     @property
     def busy(self) -> float:
@@ -52,6 +58,27 @@ class PlacementRequest:
     sticky_worker_id: int | None = None
     # A counter that grows by one per placement in the pool, for policies that rotate.
     turn: int = 0
+    # Its prompt's length in tokens, as the worker will read it (0: unknown).
+    prompt_tokens: int = 0
+
+
+@dataclass(frozen=True)
+class Speed:
+    """How long a worker takes to a first token: `base_ms`, plus `ms_per_token` for every
+    prompt token it must read before this one's (its backlog and this one's uncached part),
+    plus `ms_per_stream` for every answer it is decoding meanwhile."""
+
+    base_ms: float
+    ms_per_token: float
+    ms_per_stream: float
+
+    @classmethod
+    def default(cls) -> Speed:
+        return cls(
+            base_ms=settings.SCHEDULER_TTFT_BASE_MS,
+            ms_per_token=settings.SCHEDULER_TTFT_MS_PER_TOKEN,
+            ms_per_stream=settings.SCHEDULER_TTFT_MS_PER_STREAM,
+        )
 
 
 @runtime_checkable
@@ -90,6 +117,64 @@ class AffinityPolicy:
         return ranked
 
 
+class PredictedTTFTPolicy:
+    """The worker that would give the request its first token soonest, counting what it
+    costs the answers already decoding there.
+
+    Per candidate: its speed times the prompt tokens it must read first (its backlog, and the
+    part of this prompt its cache lacks) and the answers it is decoding; plus, for each of
+    those answers, `interference` times this prompt's own reading time (they stall while it
+    is read). The conversation's last worker keeps it unless another predicts better by more
+    than `hysteresis` (a share) and `hysteresis_ms`, so a conversation does not flap on
+    noise. Ties go to the lowest id. It needs no conversation: a `/v1` request finds its
+    prefix through `cached_tokens`."""
+
+    def __init__(
+        self,
+        *,
+        interference: float | None = None,
+        hysteresis: float | None = None,
+        hysteresis_ms: float | None = None,
+        default_speed: Speed | None = None,
+    ) -> None:
+        self.interference = (
+            settings.SCHEDULER_TTFT_INTERFERENCE if interference is None else interference
+        )
+        self.hysteresis = settings.SCHEDULER_HYSTERESIS if hysteresis is None else hysteresis
+        self.hysteresis_ms = (
+            settings.SCHEDULER_HYSTERESIS_MS if hysteresis_ms is None else hysteresis_ms
+        )
+        self.default_speed = default_speed or Speed.default()
+
+    def predicted_ttft_ms(self, candidate: Candidate, request: PlacementRequest) -> float:
+        speed = candidate.speed or self.default_speed
+        uncached = max(0, request.prompt_tokens - candidate.cached_tokens)
+        return (
+            speed.base_ms
+            + speed.ms_per_token * (candidate.prefill_backlog + uncached)
+            + speed.ms_per_stream * candidate.leases
+        )
+
+    def cost(self, candidate: Candidate, request: PlacementRequest) -> float:
+        speed = candidate.speed or self.default_speed
+        own_read_ms = speed.ms_per_token * max(0, request.prompt_tokens - candidate.cached_tokens)
+        stalled = self.interference * candidate.leases * own_read_ms
+        return self.predicted_ttft_ms(candidate, request) + stalled
+
+    def order(self, candidates: Sequence[Candidate], request: PlacementRequest) -> list[Candidate]:
+        costs = {c.id: self.cost(c, request) for c in candidates}
+        ranked = sorted(candidates, key=lambda c: (costs[c.id], c.id))
+        if not ranked:
+            return []
+        sticky = next((c for c in ranked if c.id == request.sticky_worker_id), None)
+        best = costs[ranked[0].id]
+        if sticky is not None and costs[sticky.id] <= best * (1 + self.hysteresis) + (
+            self.hysteresis_ms
+        ):
+            return [sticky, *(c for c in ranked if c is not sticky)]
+        return ranked
+
+
 class RoundRobinPolicy:
     """Each worker in turn, ignoring load and prefixes (a baseline for comparison)."""
 
@@ -105,6 +190,7 @@ class RoundRobinPolicy:
 ALIASES = {
     "affinity": f"{__name__}.AffinityPolicy",
     "least_loaded": f"{__name__}.LeastLoadedPolicy",
+    "predicted_ttft": f"{__name__}.PredictedTTFTPolicy",
     "round_robin": f"{__name__}.RoundRobinPolicy",
 }
 
@@ -126,3 +212,53 @@ def load_policy(value: str) -> PlacementPolicy:
 def configured_policy() -> PlacementPolicy:
     """The policy `settings.SCHEDULER_PLACEMENT` names, built now."""
     return load_policy(settings.SCHEDULER_PLACEMENT)
+
+
+class TTFTFit:
+    """A worker's `Speed`, fitted from its own first tokens: least squares of the time to a
+    first token on the prompt tokens it had to read and the answers it was decoding, with
+    older measurements weighing less (`decay` per new one). Until it has `min_samples`, or
+    where the fit comes out negative (too little spread to tell), `speed()` is None and the
+    policy uses its defaults."""
+
+    FEATURES = 3  # 1, tokens read, streams decoding
+
+    def __init__(self, *, decay: float = 0.98, min_samples: int = 16) -> None:
+        self.decay = decay
+        self.min_samples = min_samples
+        self.samples = 0
+        self._xtx = [[0.0] * self.FEATURES for _ in range(self.FEATURES)]
+        self._xty = [0.0] * self.FEATURES
+
+    def observe(self, *, tokens: int, streams: int, ttft_ms: float) -> None:
+        x = (1.0, float(tokens), float(streams))
+        for i in range(self.FEATURES):
+            self._xty[i] = self._xty[i] * self.decay + x[i] * ttft_ms
+            for j in range(self.FEATURES):
+                self._xtx[i][j] = self._xtx[i][j] * self.decay + x[i] * x[j]
+        self.samples += 1
+
+    def speed(self) -> Speed | None:
+        if self.samples < self.min_samples:
+            return None
+        solved = _solve(self._xtx, self._xty)
+        if solved is None or min(solved) < 0:
+            return None
+        base_ms, ms_per_token, ms_per_stream = solved
+        return Speed(base_ms=base_ms, ms_per_token=ms_per_token, ms_per_stream=ms_per_stream)
+
+
+def _solve(a: list[list[float]], b: list[float]) -> list[float] | None:
+    """`x` with `a x = b` (Gauss-Jordan with partial pivoting); None if `a` is singular."""
+    n = len(b)
+    rows = [[*a[i], b[i]] for i in range(n)]
+    for col in range(n):
+        pivot = max(range(col, n), key=lambda r: abs(rows[r][col]))
+        if abs(rows[pivot][col]) < 1e-9:
+            return None
+        rows[col], rows[pivot] = rows[pivot], rows[col]
+        for r in range(n):
+            if r != col:
+                factor = rows[r][col] / rows[col][col]
+                rows[r] = [v - factor * p for v, p in zip(rows[r], rows[col], strict=True)]
+    return [rows[i][n] / rows[i][i] for i in range(n)]

@@ -33,7 +33,7 @@ from ..client import (
 )
 from ..errors import ErrorCode
 from ..models import Generation
-from .capacity import Capacity, WorkerView
+from .capacity import Admitted, Capacity, Placement, WorkerView
 from .guard import ContentBlocked, GuardWindow, OutputGuard
 from .tools import ToolLoop, sent_calls
 from .writer import Coalescer, StreamWriter
@@ -70,6 +70,9 @@ class Run:
     # Where and since when its latest attempt runs, for Postgres: written with the attempt's
     # first token (beside the answer, not before it) and with the final state.
     admission: services.Admission | None = None
+    # What its worker had to read before it when the attempt was admitted (for the worker's
+    # speed), until the attempt's first token.
+    admitted: Admitted | None = None
 
 
 class Runs:
@@ -96,8 +99,15 @@ class Runs:
         self.no_tool_workers = no_tool_workers
         self._background: set[asyncio.Task[Any]] = set()
 
-    def new(self, job: queue.Job, worker: WorkerView) -> Run:
-        return Run(job=job, worker=worker, tried={worker.id}, moderation=self.guard.window())
+    def new(self, job: queue.Job, placement: Placement, admitted: Admitted) -> Run:
+        worker = placement.view
+        return Run(
+            job=job,
+            worker=worker,
+            tried={worker.id},
+            moderation=self.guard.window(),
+            admitted=admitted,
+        )
 
     async def serve(self, run: Run) -> None:
         gid = run.job.generation_id
@@ -232,7 +242,8 @@ class Runs:
     async def _first_token(self, run: Run, admission: services.Admission) -> None:
         """The attempt's first text: Postgres learns where and since when it runs, in one
         write off the answer's way; the job's first-token time is kept for the first only."""
-        run.admission = replace(admission, first_token_at=timezone.now())
+        first_token_at = timezone.now()
+        run.admission = replace(admission, first_token_at=first_token_at)
         gid = run.job.generation_id
         if not run.first_token_seen:
             run.first_token_seen = True
@@ -244,6 +255,10 @@ class Runs:
                 generation_id=gid, admission=run.admission
             )
         )
+        if run.admitted is not None:
+            ttft = first_token_at - admission.admitted_at
+            await self.capacity.first_token(gid, run.admitted, ttft.total_seconds() * 1000)
+            run.admitted = None
 
     async def _tool_round(self, run: Run, calls: list[ToolCall]) -> bool:
         """Run the calls the model paused on, write the round to the branch and extend the
@@ -314,9 +329,12 @@ class Runs:
         if run.attempt >= settings.GENERATION_MAX_ATTEMPTS:
             return False
         others = await self.capacity.candidates(run.job.pool, exclude=run.tried)
-        for view in await self.capacity.place(run.job, others):
-            if await self.capacity.acquire(view, gid, tokens=run.job.kv_tokens):
+        for placement in await self.capacity.place(run.job, others):
+            admitted = await self.capacity.acquire(placement, gid, tokens=run.job.kv_tokens)
+            if admitted:
+                view = placement.view
                 run.worker = view
+                run.admitted = admitted
                 run.tried.add(view.id)
                 run.attempt += 1
                 run.text = run.pending = ""
@@ -381,8 +399,24 @@ class Runs:
                 await sync_to_async(close_old_connections)()
             else:
                 run.finished = True
+                if status == Generation.Status.COMPLETE and run.text:
+                    self._remember_answer(run, usage)
                 await self._flag_output(run)
                 return
+
+    def _remember_answer(self, run: Run, usage: dict[str, Any]) -> None:
+        """The blocks the answer filled on its worker are the next turn's prefix: the index
+        learns them, off the answer's way."""
+        sequence = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+        self._spawn(
+            self.capacity.remember_answer(
+                run.worker,
+                run.messages or run.job.messages,
+                run.job.tools,
+                run.text,
+                sequence_tokens=sequence,
+            )
+        )
 
     async def _flag_output(self, run: Run) -> None:
         """Report a withdrawn answer, or one a check asked staff to review."""

@@ -20,6 +20,7 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -172,6 +173,8 @@ class Scheduler:
         became_healthy = False
         for view, result in zip(views.values(), results, strict=True):
             if isinstance(result, WorkerLoad):
+                if _restarted(view.load, result):
+                    await self.capacity.forget_cache(view.id)
                 view.load = result
                 await self._store_metrics(view.id, result)
                 if view.state == Worker.State.DOWN:
@@ -192,19 +195,26 @@ class Scheduler:
             self._wake.set()
 
     async def _store_metrics(self, worker_id: int, load: WorkerLoad) -> None:
-        """The reading, for background completions' placement and the admin."""
+        """The reading, for background completions' placement and the admin; with the speed
+        this replica fitted to the worker's first tokens, once it has one."""
+        reading: dict[Any, float] = {
+            "running": load.running,
+            "waiting": load.waiting,
+            "kv_cache_percent": load.kv_cache_percent,
+            "prefix_cache_queries": load.prefix_cache_queries,
+            "prefix_cache_hits": load.prefix_cache_hits,
+            "measured_ms": queue.now_ms(),
+        }
+        fit = self.capacity.fits.get(worker_id)
+        speed = fit.speed() if fit is not None else None
+        if speed is not None:
+            reading |= {
+                "ttft_base_ms": round(speed.base_ms, 2),
+                "ttft_ms_per_token": round(speed.ms_per_token, 4),
+                "ttft_ms_per_stream": round(speed.ms_per_stream, 2),
+            }
         async with self.redis.pipeline(transaction=False) as pipe:
-            pipe.hset(
-                queue.metrics_key(worker_id),
-                mapping={
-                    "running": load.running,
-                    "waiting": load.waiting,
-                    "kv_cache_percent": load.kv_cache_percent,
-                    "prefix_cache_queries": load.prefix_cache_queries,
-                    "prefix_cache_hits": load.prefix_cache_hits,
-                    "measured_ms": queue.now_ms(),
-                },
-            )
+            pipe.hset(queue.metrics_key(worker_id), mapping=reading)
             pipe.expire(queue.metrics_key(worker_id), 30)
             await pipe.execute()
 
@@ -244,9 +254,12 @@ class Scheduler:
             # The job comes with its claim: no second round trip to read it.
             generation_id, queue_name, flat = claimed
             job = queue.Job.from_fields(dict(zip(flat[::2], flat[1::2], strict=True)))
-            for view in await self.capacity.place(job, candidates):
-                if await self.capacity.acquire(view, generation_id, tokens=job.kv_tokens):
-                    run = self.runs.new(job, view)
+            for placement in await self.capacity.place(job, candidates):
+                admitted = await self.capacity.acquire(
+                    placement, generation_id, tokens=job.kv_tokens
+                )
+                if admitted:
+                    run = self.runs.new(job, placement, admitted)
                     task = asyncio.create_task(self._serve(run), name=f"gen-{generation_id}")
                     self.running[generation_id] = task
                     dispatched = True
@@ -294,3 +307,8 @@ class Scheduler:
                         task.cancel()
         finally:
             await pubsub.aclose()
+
+
+def _restarted(before: WorkerLoad | None, now: WorkerLoad) -> bool:
+    """The worker's prefix-cache counters went back: it restarted, with an empty cache."""
+    return before is not None and now.prefix_cache_queries < before.prefix_cache_queries

@@ -11,7 +11,7 @@ from chatsite.redis import async_redis
 from inference import queue
 from inference.client import WorkerLoad, parse_metrics
 from inference.models import Worker
-from inference.scheduler.capacity import Capacity, WorkerView
+from inference.scheduler.capacity import Capacity, Placement, WorkerView
 from inference.scheduler.placement import configured_policy
 
 
@@ -28,6 +28,11 @@ def view(*, capacity_tokens: int = 0, max_concurrency: int = 256, **load: Any) -
     )
 
 
+def on(worker: WorkerView) -> Placement:
+    """`worker` for a request whose prompt placement could not read."""
+    return Placement(worker, None, 0)
+
+
 @pytest.fixture
 async def capacity() -> Any:
     redis = async_redis()
@@ -38,20 +43,20 @@ async def capacity() -> Any:
 async def test_leases_hold_at_most_the_kv_cache_tokens(capacity: Capacity, settings: Any) -> None:
     settings.SCHEDULER_KV_OVERCOMMIT = 1.0
     worker = view(capacity_tokens=1000)
-    assert await capacity.acquire(worker, "a", tokens=600)
-    assert await capacity.acquire(worker, "b", tokens=400)
-    assert not await capacity.acquire(worker, "c", tokens=1)
+    assert await capacity.acquire(on(worker), "a", tokens=600)
+    assert await capacity.acquire(on(worker), "b", tokens=400)
+    assert not await capacity.acquire(on(worker), "c", tokens=1)
     await capacity.release("a")
-    assert await capacity.acquire(worker, "c", tokens=600)
-    assert not await capacity.acquire(worker, "d", tokens=1)
+    assert await capacity.acquire(on(worker), "c", tokens=600)
+    assert not await capacity.acquire(on(worker), "d", tokens=1)
 
 
 async def test_the_overcommit_scales_the_budget(capacity: Capacity, settings: Any) -> None:
     settings.SCHEDULER_KV_OVERCOMMIT = 2.0
     worker = view(capacity_tokens=1000)
-    assert await capacity.acquire(worker, "a", tokens=1500)
-    assert await capacity.acquire(worker, "b", tokens=500)
-    assert not await capacity.acquire(worker, "c", tokens=1)
+    assert await capacity.acquire(on(worker), "a", tokens=1500)
+    assert await capacity.acquire(on(worker), "b", tokens=500)
+    assert not await capacity.acquire(on(worker), "c", tokens=1)
 
 
 async def test_an_idle_worker_takes_one_generation_larger_than_its_cache(
@@ -59,17 +64,17 @@ async def test_an_idle_worker_takes_one_generation_larger_than_its_cache(
 ) -> None:
     settings.SCHEDULER_KV_OVERCOMMIT = 1.0
     worker = view(capacity_tokens=1000)
-    assert await capacity.acquire(worker, "long", tokens=5000)
-    assert not await capacity.acquire(worker, "next", tokens=10)
+    assert await capacity.acquire(on(worker), "long", tokens=5000)
+    assert not await capacity.acquire(on(worker), "next", tokens=10)
 
 
 async def test_an_expired_lease_gives_its_tokens_back(capacity: Capacity, settings: Any) -> None:
     settings.SCHEDULER_KV_OVERCOMMIT = 1.0
     worker = view(capacity_tokens=1000)
-    assert await capacity.acquire(worker, "dead-replicas", tokens=900)
+    assert await capacity.acquire(on(worker), "dead-replicas", tokens=900)
     # Its replica died: nobody renews the lease, which lapses.
     await capacity.redis.zadd(queue.lease_key(worker.id), {"dead-replicas": 1})
-    assert await capacity.acquire(worker, "b", tokens=900)
+    assert await capacity.acquire(on(worker), "b", tokens=900)
     assert await capacity.redis.hkeys(queue.lease_tokens_key(worker.id)) == ["b"]
 
 
@@ -77,9 +82,9 @@ async def test_max_concurrency_bounds_a_worker_without_a_reported_cache(
     capacity: Capacity,
 ) -> None:
     worker = view(capacity_tokens=0, max_concurrency=2)
-    assert await capacity.acquire(worker, "a", tokens=10**9)
-    assert await capacity.acquire(worker, "b", tokens=10**9)
-    assert not await capacity.acquire(worker, "c", tokens=1)
+    assert await capacity.acquire(on(worker), "a", tokens=10**9)
+    assert await capacity.acquire(on(worker), "b", tokens=10**9)
+    assert not await capacity.acquire(on(worker), "c", tokens=1)
 
 
 async def test_a_busy_queue_inside_vllm_does_not_close_a_worker(capacity: Capacity) -> None:
@@ -104,7 +109,7 @@ def test_the_kv_cache_size_is_read_from_vllms_cache_config_info() -> None:
 async def test_a_released_lease_wakes_every_replica(capacity: Capacity) -> None:
     # Another replica's dispatcher may hold work for this worker: it hears of the room at once.
     worker = view(capacity_tokens=1000)
-    assert await capacity.acquire(worker, "a", tokens=10)
+    assert await capacity.acquire(on(worker), "a", tokens=10)
     listener = async_redis()
     pubsub = listener.pubsub()
     await pubsub.subscribe(queue.wake_channel())

@@ -15,7 +15,10 @@ from inference.scheduler.placement import (
     Candidate,
     LeastLoadedPolicy,
     PlacementRequest,
+    PredictedTTFTPolicy,
     RoundRobinPolicy,
+    Speed,
+    TTFTFit,
     configured_policy,
     load_policy,
 )
@@ -117,3 +120,103 @@ def test_an_unknown_placement_stops_the_process_at_start(
         apps.get_app_config("inference").ready()
     assert why in str(refused.value)
     assert repr(value) in str(refused.value)
+
+
+# Predicted time to first token: 1 ms per prompt token to read, 10 ms per stream decoding.
+SPEED = Speed(base_ms=50, ms_per_token=1.0, ms_per_stream=10.0)
+
+
+def ttft_policy(**kwargs: Any) -> PredictedTTFTPolicy:
+    options = {"interference": 0.0, "hysteresis": 0.2, "hysteresis_ms": 50.0, **kwargs}
+    return PredictedTTFTPolicy(default_speed=SPEED, **options)
+
+
+def prompt(tokens: int, sticky: int | None = None) -> PlacementRequest:
+    # No conversation: a `/v1` request is placed by what the workers hold of its prompt.
+    return PlacementRequest(pool="m", prompt_tokens=tokens, sticky_worker_id=sticky)
+
+
+def test_predicted_ttft_prefers_the_worker_holding_the_prompt() -> None:
+    holder = Candidate(id=2, leases=3, cached_tokens=512)
+    idle = Candidate(id=1, leases=0)
+    # 2: 50 + 88 + 30 = 168 ms; 1: 50 + 600 = 650 ms.
+    assert ids(ttft_policy().order([idle, holder], prompt(600))) == [2, 1]
+    assert ttft_policy().predicted_ttft_ms(holder, prompt(600)) == 168
+
+
+def test_predicted_ttft_leaves_a_holder_with_a_long_backlog() -> None:
+    holder = Candidate(id=2, leases=3, cached_tokens=512, prefill_backlog=2000)
+    idle = Candidate(id=1, leases=0)
+    assert ids(ttft_policy().order([holder, idle], prompt(600))) == [1, 2]
+
+
+def test_predicted_ttft_spreads_new_prompts_by_streams() -> None:
+    busy = Candidate(id=1, leases=8)
+    quiet = Candidate(id=2, leases=2)
+    assert ids(ttft_policy().order([busy, quiet], prompt(300))) == [2, 1]
+
+
+def test_predicted_ttft_counts_the_stall_of_the_answers_decoding_there() -> None:
+    # Without the stall both predict 50 + 300 + 40 = 390 ms (2) and 50 + 320 = 370 ms (1).
+    crowded = Candidate(id=2, leases=4, cached_tokens=0)
+    alone = Candidate(id=1, leases=0, prefill_backlog=20)
+    assert ids(ttft_policy().order([crowded, alone], prompt(300))) == [1, 2]
+    crowded_cheaper = Candidate(id=2, leases=4, cached_tokens=40)
+    assert ids(ttft_policy().order([crowded_cheaper, alone], prompt(300))) == [2, 1]
+    # Each of the 4 answers loses half of the 260 ms read: 520 ms more on 2.
+    assert ids(ttft_policy(interference=0.5).order([crowded_cheaper, alone], prompt(300))) == [
+        1,
+        2,
+    ]
+
+
+def test_predicted_ttft_keeps_a_conversation_on_its_worker_within_the_hysteresis() -> None:
+    last = Candidate(id=1, leases=6)  # 50 + 100 + 60 = 210 ms
+    other = Candidate(id=2, leases=2)  # 50 + 100 + 20 = 170 ms: better, but by less than 84 ms
+    assert ids(ttft_policy().order([last, other], prompt(100, sticky=1))) == [1, 2]
+    assert ids(ttft_policy(hysteresis=0, hysteresis_ms=0).order([last, other], prompt(100, 1))) == [
+        2,
+        1,
+    ]
+    much_busier = Candidate(id=1, leases=20)  # 350 ms
+    assert ids(ttft_policy().order([much_busier, other], prompt(100, sticky=1))) == [2, 1]
+
+
+def test_predicted_ttft_uses_each_workers_fitted_speed() -> None:
+    slow = Candidate(id=1, speed=Speed(base_ms=50, ms_per_token=4.0, ms_per_stream=10))
+    fast = Candidate(id=2, leases=5)
+    assert ids(ttft_policy().order([slow, fast], prompt(100))) == [2, 1]
+    assert ttft_policy().order([], prompt(100)) == []
+
+
+def test_the_ttft_fit_recovers_a_workers_speed() -> None:
+    fit = TTFTFit(decay=1.0, min_samples=8)
+    observations = [(tokens, streams) for tokens in (100, 400, 900, 1600) for streams in (0, 3, 9)]
+    for tokens, streams in observations[:7]:
+        fit.observe(tokens=tokens, streams=streams, ttft_ms=40 + 0.3 * tokens + 6 * streams)
+    assert fit.speed() is None  # too few yet
+    for tokens, streams in observations[7:]:
+        fit.observe(tokens=tokens, streams=streams, ttft_ms=40 + 0.3 * tokens + 6 * streams)
+    speed = fit.speed()
+    assert speed is not None
+    assert speed.base_ms == pytest.approx(40)
+    assert speed.ms_per_token == pytest.approx(0.3)
+    assert speed.ms_per_stream == pytest.approx(6)
+
+
+def test_the_ttft_fit_gives_no_speed_it_cannot_tell() -> None:
+    # Never more than one stream: how a stream slows it cannot be told apart from the base.
+    fit = TTFTFit(decay=1.0, min_samples=4)
+    for tokens in (100, 200, 300, 400, 500):
+        fit.observe(tokens=tokens, streams=0, ttft_ms=10 + tokens)
+    assert fit.speed() is None
+    # A fit that would make a token cost less than nothing is not used.
+    negative = TTFTFit(decay=1.0, min_samples=4)
+    for tokens, streams in ((100, 0), (200, 1), (300, 0), (400, 2), (500, 1)):
+        negative.observe(tokens=tokens, streams=streams, ttft_ms=1000 - tokens + streams)
+    assert negative.speed() is None
+
+
+def test_predicted_ttft_is_a_named_policy(settings: Any) -> None:
+    settings.SCHEDULER_PLACEMENT = "predicted_ttft"
+    assert isinstance(configured_policy(), PredictedTTFTPolicy)

@@ -1,0 +1,557 @@
+"""The real race: one multi-turn trace through the routers people use and through this service.
+
+The same trace (seeded) is played against each side in turn, over the same real vLLM workers:
+
+- `vllm-router:<policy>` (round_robin, cache_aware, consistent_hash, ...) and
+  `sglang-router:<policy>` (cache_aware, round_robin, ...), started here from their own
+  environment (`--routers-venv`, made with `make routers-venv`: both install from PyPI);
+- `v1:<placement>`: this service's `/v1/chat/completions` (a real edge and scheduler process,
+  started here with `SCHEDULER_PLACEMENT=<placement>`);
+- `conversations:<placement>`: the conversation API as the web page uses it (the conversation
+  created with its system prompt, then per turn `POST .../messages` and its Server-Sent Events).
+
+The trace: `--conversations` conversations arriving at `--rate` per second (Poisson), each of
+`--turns` turns with a think time (exponential, mean `--think` s) between an answer and the
+next question, each starting with one of `--prompts` shared system prompts of about
+`--system-tokens` tokens; answers of `--max-tokens`. A client sends the whole history each
+turn (the conversation API keeps it on the server). Each side's system prompts begin with a
+fresh random tag, so no side finds the blocks of one before it; the workers' caches are also
+reset where they allow it (`POST /reset_prefix_cache`).
+
+Per side: vLLM's own prefix-cache hit rate over the side (the change of its
+`prefix_cache_hits` / `prefix_cache_queries` counters, summed over the workers), TTFT p50/p99
+(request sent to first text), output tokens/s over the side's wall time, requests per worker,
+and errors. The oracle's hit rate (one cache of unlimited size holding every block ever sent,
+in the workers' own block size) is the limit any placement can reach.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/chatsite_race_bench \\
+    REDIS_URL=redis://127.0.0.1:6379/8 SECRET_KEY=x \\
+    .venv/bin/python benchmarks/router_race.py --workers http://127.0.0.1:8201,http://127.0.0.1:8202
+
+The workers are started beforehand (`manage.py run_worker --port P --cpus N`, one core each;
+`--extra --num-gpu-blocks-override 96` gives each the 12,288 tokens of KV cache the issue's
+figures were taken with). It prints one table and writes it to
+benchmarks/results/router_race-<UTC date-time>.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import random
+import secrets
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import (  # noqa: E402
+    django_start,
+    edge_command,
+    free_port,
+    percentile,
+    prepare_stores,
+    render,
+    service_env,
+    write_result,
+)
+from benchmarks.openai_api import prepare, start, stop, wait_up  # noqa: E402
+from benchmarks.overhead import sse_events  # noqa: E402
+from benchmarks.scheduler_affinity import POLICY_LINES, QUESTIONS, SYSTEM_HEAD  # noqa: E402
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_race_bench"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/8"
+DEFAULT_SIDES = (
+    "vllm-router:round_robin,vllm-router:cache_aware,vllm-router:consistent_hash,"
+    "sglang-router:cache_aware,v1:round_robin,v1:predicted_ttft,conversations:predicted_ttft"
+)
+# What makes the shared system prompts differ from each other from their first block on.
+DOMAINS = ["bicycle cooperative", "public library", "swimming pool", "community garden"]
+
+
+# The trace
+
+
+@dataclass(frozen=True)
+class Conversation:
+    index: int
+    start_s: float
+    system: int  # which shared system prompt
+    questions: list[str]
+    thinks: list[float]
+
+
+def make_trace(args: argparse.Namespace) -> list[Conversation]:
+    rng = random.Random(args.seed)
+    at = 0.0
+    trace = []
+    for index in range(args.conversations):
+        at += rng.expovariate(args.rate)
+        questions = [rng.choice(QUESTIONS) for _ in range(args.turns)]
+        questions[0] = f"Hello, I am member {index + 1}. {questions[0]}"
+        thinks = [rng.expovariate(1 / args.think) if args.think > 0 else 0.0 for _ in questions]
+        trace.append(Conversation(index, at, rng.randrange(args.prompts), questions, thinks))
+    return trace
+
+
+def system_prompts(args: argparse.Namespace, tag: str) -> list[str]:
+    """`--prompts` system prompts of about `--system-tokens` tokens, led by this side's tag."""
+    from django.conf import settings
+
+    from inference.tokens import count_tokens, load_tokenizer
+
+    tokenizer = load_tokenizer(str(settings.MODEL_DIR))
+    texts = []
+    for number in range(args.prompts):
+        domain = DOMAINS[number % len(DOMAINS)]
+        parts = [f"[{tag}-{number}] You are the assistant of the {domain}.", SYSTEM_HEAD]
+        index = number  # each prompt lists the rules from its own starting point
+        while count_tokens(tokenizer, " ".join(parts)) < args.system_tokens:
+            parts.append(f"Rule {index + 1}: {POLICY_LINES[index % len(POLICY_LINES)]}")
+            index += 1
+        texts.append(" ".join(parts))
+    return texts
+
+
+# A side's client
+
+
+@dataclass
+class Answer:
+    conversation: int
+    turn: int
+    sent_at: float = 0.0  # since the side began
+    ttft: float | None = None
+    tokens: int = 0
+    text: str = ""
+    error: str | None = None
+
+
+@dataclass
+class Side:
+    name: str
+    kind: str  # "router", "v1" or "conversations"
+    base_url: str = ""
+    model: str = ""
+    headers: dict[str, str] = field(default_factory=dict)
+
+
+async def openai_turn(
+    client: httpx.AsyncClient, side: Side, messages: list[dict[str, str]], answer: Answer, args: Any
+) -> None:
+    body = {
+        "model": side.model,
+        "messages": messages,
+        "max_tokens": args.max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    started = time.perf_counter()
+    chunks = 0
+    async with client.stream("POST", f"{side.base_url}/v1/chat/completions", json=body) as response:
+        if response.status_code != 200:
+            answer.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
+            return
+        async for _event, data in sse_events(response):
+            if data == "[DONE]":
+                break
+            chunk = json.loads(data)
+            for choice in chunk.get("choices") or []:
+                text = (choice.get("delta") or {}).get("content") or ""
+                if text:
+                    chunks += 1
+                    answer.text += text
+                    if answer.ttft is None:
+                        answer.ttft = time.perf_counter() - started
+            if chunk.get("usage"):
+                answer.tokens = int(chunk["usage"].get("completion_tokens") or 0)
+    answer.tokens = answer.tokens or chunks
+
+
+async def conversation_turn(
+    client: httpx.AsyncClient, side: Side, conversation_id: str, question: str, answer: Answer
+) -> None:
+    started = time.perf_counter()
+    sent = await client.post(
+        f"{side.base_url}/api/v1/conversations/{conversation_id}/messages",
+        json={"content": question},
+    )
+    if sent.status_code >= 300:
+        answer.error = f"HTTP {sent.status_code}: {sent.text[:200]}"
+        return
+    stream_url = sent.json()["generation"]["stream_url"]
+    async with client.stream("GET", f"{side.base_url}{stream_url}") as response:
+        async for event, data in sse_events(response):
+            if event == "delta":
+                answer.text += json.loads(data).get("text", "")
+                if answer.ttft is None:
+                    answer.ttft = time.perf_counter() - started
+            elif event == "error":
+                answer.error = f"error event: {data}"[:200]
+            elif event == "done":
+                answer.tokens = int(json.loads(data).get("output_tokens") or 0)
+                break
+
+
+async def converse(
+    client: httpx.AsyncClient,
+    side: Side,
+    conversation: Conversation,
+    prompts: list[str],
+    args: Any,
+    clock: float,
+) -> list[Answer]:
+    await asyncio.sleep(max(0.0, clock + conversation.start_s - time.perf_counter()))
+    system = prompts[conversation.system]
+    messages = [{"role": "system", "content": system}]
+    conversation_id = ""
+    if side.kind == "conversations":
+        created = await client.post(
+            f"{side.base_url}/api/v1/conversations", json={"system_prompt": system}
+        )
+        created.raise_for_status()
+        conversation_id = created.json()["id"]
+    answers = []
+    for turn, question in enumerate(conversation.questions):
+        answer = Answer(conversation.index, turn, sent_at=time.perf_counter() - clock)
+        answers.append(answer)
+        try:
+            if side.kind == "conversations":
+                await conversation_turn(client, side, conversation_id, question, answer)
+            else:
+                messages.append({"role": "user", "content": question})
+                await openai_turn(client, side, messages, answer, args)
+                messages.append({"role": "assistant", "content": answer.text})
+        except (httpx.HTTPError, ValueError, KeyError) as exc:
+            answer.error = f"{type(exc).__name__}: {exc}"[:200]
+        if answer.error:
+            break
+        await asyncio.sleep(conversation.thinks[turn])
+    return answers
+
+
+# Workers
+
+
+@dataclass
+class Counters:
+    queries: float
+    hits: float
+    requests: float
+
+
+async def counters(http: httpx.AsyncClient, urls: Sequence[str]) -> list[Counters]:
+    from inference.client import parse_metrics
+
+    found = []
+    for url in urls:
+        text = (await http.get(f"{url}/metrics")).text
+        load = parse_metrics(text)
+        requests = sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("vllm:request_success_total{")
+        )
+        found.append(Counters(load.prefix_cache_queries, load.prefix_cache_hits, requests))
+    return found
+
+
+async def settle(http: httpx.AsyncClient, urls: Sequence[str]) -> None:
+    """Wait for the workers to go idle, then empty their prefix caches where they allow it."""
+    from inference.client import parse_metrics
+
+    async with asyncio.timeout(180):
+        while True:
+            loads = [parse_metrics((await http.get(f"{u}/metrics")).text) for u in urls]
+            if all(load.running + load.waiting == 0 for load in loads):
+                break
+            await asyncio.sleep(0.5)
+    for url in urls:
+        with contextlib.suppress(httpx.HTTPError):
+            await http.post(f"{url}/reset_prefix_cache", timeout=10)
+
+
+def oracle_hit_rate(trace: list[Conversation], results: list[Answer], args: Any) -> float:
+    """The share of prompt tokens one cache of unlimited size would have held: every full
+    block of every prompt sent and answer produced before, in the workers' block size."""
+    from django.conf import settings
+
+    from inference import prompts as rendering
+    from inference.scheduler.prefix import block_hashes
+
+    folder = str(settings.MODEL_DIR)
+    by_conversation: dict[int, list[Answer]] = {}
+    for answer in results:
+        by_conversation.setdefault(answer.conversation, []).append(answer)
+    seen: set[str] = set()
+    hits = queries = 0
+    system_texts = system_prompts(args, "oracle")
+    # Replayed in the order the side sent them.
+    for sent in sorted(results, key=lambda a: a.sent_at):
+        index, turn = sent.conversation, sent.turn
+        conversation = trace[index]
+        answers = sorted(by_conversation[index], key=lambda a: a.turn)
+        messages = [{"role": "system", "content": system_texts[conversation.system]}]
+        for earlier in answers[:turn]:
+            messages.append({"role": "user", "content": conversation.questions[earlier.turn]})
+            messages.append({"role": "assistant", "content": earlier.text})
+        messages.append({"role": "user", "content": conversation.questions[turn]})
+        ids = rendering.token_ids(folder, messages)
+        hashes = block_hashes(ids, args.block_size)
+        cached = 0
+        for block in hashes:
+            if block not in seen:
+                break
+            cached += 1
+        hits += cached * args.block_size
+        queries += len(ids)
+        seen.update(hashes)
+        answer_ids = rendering.token_ids(
+            folder,
+            [*messages, {"role": "assistant", "content": answers[turn].text}],
+            add_generation_prompt=False,
+        )
+        seen.update(block_hashes(answer_ids, args.block_size))
+    return hits / queries if queries else 0.0
+
+
+# Sides
+
+
+def router_command(name: str, policy: str, urls: list[str], port: int, venv: Path) -> list[str]:
+    if name == "vllm-router":
+        return [
+            str(venv / "bin" / "vllm-router"),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            policy,
+            "--worker-urls",
+            *urls,
+        ]
+    if name == "sglang-router":
+        return [
+            str(venv / "bin" / "python"),
+            "-m",
+            "sglang_router.launch_router",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--policy",
+            policy,
+            "--worker-urls",
+            *urls,
+        ]
+    raise SystemExit(f"unknown router {name!r}")
+
+
+@dataclass
+class Outcome:
+    side: str
+    answers: list[Answer]
+    wall: float
+    hit_rate: float
+    per_worker: list[int]
+    fitted: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> list[Answer]:
+        return [a for a in self.answers if a.error is None and a.ttft is not None]
+
+    def ttft_ms(self, q: float) -> float:
+        return 1000 * percentile([a.ttft for a in self.ok if a.ttft is not None], q)
+
+    def tokens_per_s(self) -> float:
+        return sum(a.tokens for a in self.ok) / self.wall if self.wall else 0.0
+
+
+async def play(side: Side, trace: list[Conversation], args: Any, urls: list[str]) -> Outcome:
+    prompts = system_prompts(args, secrets.token_hex(4))
+    async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), headers=side.headers) as client:
+        await settle(client, urls)
+        before = await counters(client, urls)
+        clock = time.perf_counter()
+        played = await asyncio.gather(
+            *(converse(client, side, c, prompts, args, clock) for c in trace)
+        )
+        wall = time.perf_counter() - clock
+        await settle(client, urls)
+        after = await counters(client, urls)
+    queries = sum(a.queries - b.queries for a, b in zip(after, before, strict=True))
+    hits = sum(a.hits - b.hits for a, b in zip(after, before, strict=True))
+    return Outcome(
+        side=side.name,
+        answers=[answer for answers in played for answer in answers],
+        wall=wall,
+        hit_rate=hits / queries if queries else 0.0,
+        per_worker=[int(a.requests - b.requests) for a, b in zip(after, before, strict=True)],
+    )
+
+
+def fitted_speeds() -> list[str]:
+    """What the scheduler fitted of each worker's speed (`TTFTFit`), as it stored it."""
+    from inference.models import Worker
+    from inference.selectors import worker_live_load
+
+    found = []
+    for worker in Worker.objects.order_by("id"):
+        load = worker_live_load(worker_id=worker.id)
+        if "ttft_base_ms" in load:
+            found.append(
+                f"{worker.name}: {load['ttft_base_ms']:.0f} ms + "
+                f"{load['ttft_ms_per_token']:.3f} ms/token + "
+                f"{load['ttft_ms_per_stream']:.1f} ms/stream"
+            )
+    return found
+
+
+def run_side(name: str, args: Any, urls: list[str], trace: list[Conversation], key: str) -> Outcome:
+    from django.conf import settings
+
+    kind, _, policy = name.partition(":")
+    logs = Path(tempfile.mkdtemp(prefix="router-race-"))
+    port = free_port()
+    processes = []
+    try:
+        if kind in ("vllm-router", "sglang-router"):
+            command = router_command(kind, policy, urls, port, args.routers_venv)
+            processes.append(start(command, logs / f"{kind}.log", service_env()))
+            side = Side(name, "router", f"http://127.0.0.1:{port}", args.served_model)
+            wait_up(f"{side.base_url}/v1/models", processes[0], logs / f"{kind}.log")
+        elif kind in ("v1", "conversations"):
+            env = {**service_env(), "SCHEDULER_PLACEMENT": policy}
+            processes.append(start(edge_command(port), logs / "edge.log", env))
+            processes.append(
+                start(
+                    [
+                        sys.executable,
+                        "manage.py",
+                        "run_scheduler",
+                        "--replica-id",
+                        f"race-{policy}",
+                    ],
+                    logs / "scheduler.log",
+                    env,
+                )
+            )
+            side = Side(
+                name,
+                kind,
+                f"http://127.0.0.1:{port}",
+                settings.DEFAULT_MODEL,
+                {"Authorization": f"Bearer {key}"},
+            )
+            wait_up(f"{side.base_url}/v1/models", processes[0], logs / "edge.log")
+        else:
+            raise SystemExit(f"unknown side {name!r}")
+        outcome = asyncio.run(play(side, trace, args, urls))
+        if kind in ("v1", "conversations"):
+            outcome.fitted = fitted_speeds()
+    finally:
+        for process in processes:
+            stop(process)
+    print(
+        f"{name}: hit {outcome.hit_rate:.3f}, TTFT p50 {outcome.ttft_ms(50):.0f} ms, "
+        f"{len(outcome.ok)}/{len(outcome.answers)} ok (logs in {logs})",
+        flush=True,
+    )
+    return outcome
+
+
+def table(outcomes: list[Outcome], oracle: float) -> str:
+    rows = [
+        [
+            o.side,
+            f"{o.hit_rate:.3f}",
+            f"{o.hit_rate / oracle:.2f}" if oracle else "-",
+            f"{o.ttft_ms(50):,.0f}",
+            f"{o.ttft_ms(99):,.0f}",
+            f"{o.tokens_per_s():.1f}",
+            " / ".join(str(n) for n in o.per_worker),
+            str(len(o.answers) - len(o.ok)),
+        ]
+        for o in outcomes
+    ]
+    headers = ["side", "prefix hit", "of oracle", "TTFT p50 ms", "TTFT p99 ms", "out tok/s"]
+    return render([*headers, "requests per worker", "errors"], rows)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", required=True, help="comma-separated worker URLs")
+    parser.add_argument("--sides", default=DEFAULT_SIDES)
+    parser.add_argument("--conversations", type=int, default=40)
+    parser.add_argument("--turns", type=int, default=4)
+    parser.add_argument("--prompts", type=int, default=4, help="shared system prompts")
+    parser.add_argument("--system-tokens", type=int, default=530)
+    parser.add_argument("--max-tokens", type=int, default=32)
+    parser.add_argument("--think", type=float, default=1.0, help="mean think time, s")
+    parser.add_argument("--rate", type=float, default=2.0, help="new conversations per s")
+    parser.add_argument("--seed", type=int, default=15)
+    parser.add_argument("--routers-venv", type=Path, default=ROOT / ".venv-routers")
+    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    urls = [u.strip().rstrip("/") for u in args.workers.split(",") if u.strip()]
+    django_start(database_url=DEFAULT_DATABASE_URL, redis_url=DEFAULT_REDIS_URL)
+    prepare_stores()
+    from django.conf import settings
+    from django.db import connections
+
+    from chatsite.catalog import catalog_changed
+    from inference.client import parse_metrics
+    from inference.models import ModelPool
+
+    args.served_model = httpx.get(f"{urls[0]}/v1/models", timeout=10).json()["data"][0]["id"]
+    args.block_size = parse_metrics(httpx.get(f"{urls[0]}/metrics", timeout=10).text).block_size
+    key = prepare(urls, args.served_model)
+    # The conversation API has no max_tokens of its own: the pool's cap sets its answers'.
+    ModelPool.objects.filter(name=settings.DEFAULT_MODEL).update(max_output_tokens=args.max_tokens)
+    catalog_changed()
+    connections.close_all()
+
+    trace = make_trace(args)
+    outcomes = [run_side(name.strip(), args, urls, trace, key) for name in args.sides.split(",")]
+    reference = next((o for o in outcomes if o.ok), None)
+    oracle = oracle_hit_rate(trace, reference.answers, args) if reference else 0.0
+    loads = [parse_metrics(httpx.get(f"{u}/metrics", timeout=10).text) for u in urls]
+    facts = (
+        f"router race: {args.conversations} conversations x {args.turns} turns, "
+        f"{args.prompts} shared system prompts of ~{args.system_tokens} tokens, "
+        f"max_tokens {args.max_tokens}, think {args.think} s, {args.rate} new conversations/s, "
+        f"seed {args.seed}\nworkers: "
+        + ", ".join(
+            f"{u} (block {load.block_size}, {load.num_gpu_blocks} blocks)"
+            for u, load in zip(urls, loads, strict=True)
+        )
+        + f"\noracle hit rate (one unlimited cache): {oracle:.3f}"
+    )
+    speeds = [f"{o.side}: {'; '.join(o.fitted)}" for o in outcomes if o.fitted]
+    report = f"{facts}\n\n{table(outcomes, oracle)}"
+    if speeds:
+        report += "\n\nworkers' speed as the scheduler fitted it:\n" + "\n".join(speeds)
+    print(report)
+    out = write_result(args.results, "router_race", report)
+    print(f"\nwritten to {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,50 @@
+"""A tiny run of `benchmarks/router_race.py` against the suite's real workers, so that the
+race keeps working: a peer router, `/v1` and the conversation API each play the trace, and
+the table is read back."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from inference.tests.fixtures import RealWorker
+
+from .support import ROOT, run_benchmark
+
+pytestmark = pytest.mark.e2e
+
+
+def test_the_race_plays_the_trace_through_every_kind_of_side(
+    real_workers: list[RealWorker], tmp_path: Path
+) -> None:
+    if not (ROOT / ".venv-routers" / "bin" / "vllm-router").exists():
+        pytest.fail("the peer routers are missing (make routers-venv)")
+    done = run_benchmark(
+        "router_race.py",
+        [
+            *("--workers", ",".join(w.url for w in real_workers)),
+            *("--sides", "sglang-router:round_robin,v1:predicted_ttft,conversations:affinity"),
+            *("--conversations", "2", "--turns", "2", "--prompts", "1", "--system-tokens", "140"),
+            *("--max-tokens", "4", "--think", "0", "--rate", "20", "--results", str(tmp_path)),
+        ],
+        database_suffix="_race_smoke_bench",
+        redis_db=12,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = next(tmp_path.glob("router_race-*.txt")).read_text()
+    assert re.search(r"oracle hit rate \(one unlimited cache\): 0\.\d{3}", report), report
+    for side in ("sglang-router:round_robin", "v1:predicted_ttft", "conversations:affinity"):
+        row = re.search(
+            rf"^{re.escape(side)}\s+(?P<hit>\d\.\d{{3}})\s+\S+\s+(?P<ttft>[\d,]+)\s+[\d,]+\s+"
+            r"(?P<tps>[\d.]+)\s+(?P<spread>\d+ / \d+)\s+(?P<errors>\d+)\s*$",
+            report,
+            re.M,
+        )
+        assert row is not None, report
+        assert row["errors"] == "0", report
+        assert int(row["ttft"].replace(",", "")) > 0, report
+        # Every turn reached a worker, and the second turn of each found its first cached.
+        assert sum(int(n) for n in row["spread"].split(" / ")) == 4, report
+        assert float(row["hit"]) > 0, report

@@ -1,0 +1,285 @@
+"""The prefix index: chained block hashes of the prompt the worker sees, what each worker holds
+(shared by replicas through Redis, forgetting the least recently used past its capacity), and
+the prompt's token ids against transformers' own rendering, which vLLM uses."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.conf import settings
+
+from chatsite.redis import async_redis
+from inference import prompts, queue
+from inference.client import WorkerLoad
+from inference.models import Worker
+from inference.scheduler.capacity import Capacity, WorkerView
+from inference.scheduler.placement import configured_policy
+from inference.scheduler.prefix import MemoryIndex, RedisIndex, block_hashes, index_key
+
+BLOCK = 4
+
+
+def test_a_block_hash_covers_every_token_before_it() -> None:
+    base = block_hashes(list(range(12)), BLOCK)
+    assert len(base) == 3
+    assert block_hashes(list(range(14)), BLOCK) == base  # a partial block is not cached
+    assert block_hashes(list(range(3)), BLOCK) == []
+    changed = block_hashes([99, *range(1, 12)], BLOCK)
+    # One token of the first block changes every hash after it, as in vLLM: a block is reused
+    # only with its whole prefix.
+    assert all(a != b for a, b in zip(base, changed, strict=True))
+    tail_changed = block_hashes([*range(11), 99], BLOCK)
+    assert tail_changed[:2] == base[:2] and tail_changed[2] != base[2]
+    # The same block after another prefix is another block.
+    assert block_hashes([*range(4, 8)], BLOCK)[0] != base[1]
+
+
+def test_the_memory_index_forgets_the_least_recently_used_tail_first() -> None:
+    index = MemoryIndex()
+    first, second = [f"a{i}" for i in range(4)], [f"b{i}" for i in range(4)]
+    index.record(1, first, capacity=6, now_ms=1)
+    index.record(1, second, capacity=6, now_ms=2)
+    # 8 blocks in room for 6: the older sequence's two last blocks go.
+    assert index.matched_blocks([1], first) == [2]
+    assert index.matched_blocks([1], second) == [4]
+    index.record(1, first[:1], capacity=6, now_ms=3)  # a use keeps a0; a1 is now the oldest
+    index.record(1, ["c0"], capacity=6, now_ms=4)
+    assert index.matched_blocks([1], first) == [1]
+    assert index.matched_blocks([1], second) == [4]
+    index.record(1, ["c1"], capacity=6, now_ms=5)  # then the tail of the next oldest
+    assert index.matched_blocks([1], second) == [3]
+    assert index.matched_blocks([1], first) == [1]
+
+
+@pytest.fixture
+async def redis() -> Any:
+    client = async_redis()
+    yield client
+    await client.aclose()
+
+
+async def test_the_redis_index_matches_the_memory_model(redis: Any) -> None:
+    """The same random uses, recorded in both, give the same matches."""
+    rng = random.Random(15)
+    shared = [rng.randrange(1000) for _ in range(8 * BLOCK)]
+    sequences = [
+        shared[: rng.randrange(2, 8) * BLOCK] + [rng.randrange(1000) for _ in range(6 * BLOCK)]
+        for _ in range(40)
+    ]
+    memory, shared_index = MemoryIndex(), RedisIndex(redis)
+    for worker_id in (901, 902):
+        await shared_index.clear(worker_id)
+    for step, tokens in enumerate(sequences):
+        worker_id = 901 + step % 2
+        hashes = block_hashes(tokens[: rng.randrange(len(tokens) + 1)], BLOCK)
+        memory.record(worker_id, hashes, capacity=24, now_ms=step)
+        await shared_index.record(worker_id, hashes, capacity=24, now_ms=step)
+    for tokens in sequences:
+        hashes = block_hashes(tokens, BLOCK)
+        expected = memory.matched_blocks([901, 902], hashes)
+        assert await shared_index.matched_blocks([901, 902], hashes) == expected
+    assert await redis.zcard(index_key(901)) == 24
+    assert sum(memory.matched_blocks([901, 902], block_hashes(shared, BLOCK))) > 0
+    await shared_index.clear(901)
+    assert await shared_index.matched_blocks([901], block_hashes(shared, BLOCK)) == [0]
+
+
+def view(worker_id: int) -> WorkerView:
+    return WorkerView(
+        id=worker_id,
+        name=f"w{worker_id}",
+        pool="p",
+        url=f"http://w{worker_id}",
+        served_model="m",
+        state=Worker.State.HEALTHY,
+        max_concurrency=8,
+        tokenizer_folder=str(settings.MODEL_DIR),
+        load=WorkerLoad(block_size=16, num_gpu_blocks=1000),
+    )
+
+
+def job(messages: list[dict[str, Any]], generation_id: str) -> queue.Job:
+    return queue.Job(
+        generation_id=generation_id,
+        pool="p",
+        tier="free",
+        priority=10,
+        conversation_id="",
+        message_id="m",
+        messages=messages,
+        max_tokens=32,
+        params={},
+        enqueued_ms=0,
+    )
+
+
+def needs_model() -> None:
+    if not (Path(settings.MODEL_DIR) / "tokenizer.json").is_file():
+        pytest.skip("the prepared model is missing (make model)")
+
+
+SYSTEM = {"role": "system", "content": "You answer questions about trains. " * 20}
+
+
+async def test_two_replicas_place_by_one_shared_index(redis: Any) -> None:
+    """What one replica placed, another finds: a new request with the same system prompt, and
+    a conversation's next turn after its answer, go to the worker that holds them."""
+    needs_model()
+    second_redis = async_redis()
+    one = Capacity(redis, configured_policy())
+    two = Capacity(second_redis, configured_policy())
+    try:
+        views = [view(911), view(912)]
+        for v in views:
+            await one.forget_cache(v.id)
+        first = [SYSTEM, {"role": "user", "content": "When does the first train leave?"}]
+        placed = await one.place(job(first, "g1"), views)
+        assert [p.cached_tokens for p in placed] == [0, 0]
+        chosen = placed[0]
+        assert await one.acquire(chosen, "g1")
+
+        other = [SYSTEM, {"role": "user", "content": "Is there a dining car?"}]
+        placed = await two.place(job(other, "g2"), [view(911), view(912)])
+        assert placed[0].view.id == chosen.view.id
+        assert placed[0].cached_tokens >= 16 * 5  # the system prompt's blocks
+        assert placed[1].cached_tokens == 0
+
+        answer = "The first train leaves at six in the morning from platform two. " * 4
+        await one.remember_answer(chosen.view, first, None, answer, sequence_tokens=10**6)
+        follow_up = [*first, {"role": "assistant", "content": answer}]
+        follow_up.append({"role": "user", "content": "And the last one?"})
+        placed = await two.place(job(follow_up, "g3"), [view(911), view(912)])
+        assert placed[0].view.id == chosen.view.id
+        # The answer's blocks count too: more than the system prompt is cached.
+        system_only = await two.place(job(other, "g4"), [view(chosen.view.id)])
+        assert placed[0].cached_tokens > system_only[0].cached_tokens
+    finally:
+        await one.release("g1")
+        await second_redis.aclose()
+
+
+async def test_a_backlog_placed_by_one_replica_is_seen_by_another(redis: Any) -> None:
+    needs_model()
+    second_redis = async_redis()
+    one = Capacity(redis, configured_policy())
+    two = Capacity(second_redis, configured_policy())
+    one.workers = {911: view(911)}
+    two.workers = {911: view(911)}
+    try:
+        await one.forget_cache(911)
+        greeting = [SYSTEM, {"role": "user", "content": "hi"}]
+        placed = await one.place(job(greeting, "b1"), [view(911)])
+        admitted = await one.acquire(placed[0], "b1")
+        assert admitted is not None and admitted.tokens == placed[0].prompt_tokens > 0
+        (seen,) = await two.candidates("p")
+        assert seen.backlog == placed[0].prompt_tokens and seen.leases == 1
+        await one.first_token("b1", admitted, ttft_ms=120.0)
+        (seen,) = await two.candidates("p")
+        assert seen.backlog == 0 and seen.leases == 1
+    finally:
+        await one.release("b1")
+        await second_redis.aclose()
+
+
+CONVERSATIONS: list[dict[str, Any]] = [
+    {"messages": [{"role": "user", "content": "Hello there!"}]},
+    {"messages": [SYSTEM, {"role": "user", "content": "Olá, ça va? 東京 ✓"}]},
+    {
+        "messages": [
+            SYSTEM,
+            {"role": "user", "content": "What is 2+2?"},
+            {"role": "assistant", "content": "4."},
+            {"role": "user", "content": [{"type": "text", "text": "And 3+3?"}]},
+        ]
+    },
+    {
+        "tools": [
+            {
+                "type": "function",
+                "function": {
+                    "name": "calculator",
+                    "description": "Evaluates arithmetic <safely> & quickly",
+                    "parameters": {"type": "object", "properties": {"x": {"type": "string"}}},
+                },
+            }
+        ],
+        "messages": [
+            SYSTEM,
+            {"role": "user", "content": "Compute 6*7"},
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [
+                    {
+                        "id": "call_1",
+                        "type": "function",
+                        "function": {"name": "calculator", "arguments": '{"x":  "6*7"}'},
+                    }
+                ],
+            },
+            {"role": "tool", "tool_call_id": "call_1", "content": "42"},
+        ],
+    },
+]
+
+# What vLLM does with a chat request: transformers renders the template and the tokenizer
+# encodes it without special tokens (tool-call arguments parsed to objects first).
+TRANSFORMERS_RENDER = """
+import json, sys
+from transformers import AutoTokenizer
+folder, template_path = sys.argv[1], sys.argv[2]
+tokenizer = AutoTokenizer.from_pretrained(folder)
+template = open(template_path).read()
+out = []
+for case in json.load(sys.stdin):
+    for m in case["messages"]:
+        for call in m.get("tool_calls") or []:
+            call["function"]["arguments"] = json.loads(call["function"]["arguments"])
+        if isinstance(m.get("content"), list):
+            m["content"] = "\\n".join(p["text"] for p in m["content"])
+    text = tokenizer.apply_chat_template(
+        case["messages"], tools=case.get("tools"), chat_template=template,
+        add_generation_prompt=True, tokenize=False)
+    out.append(tokenizer.encode(text, add_special_tokens=False))
+print(json.dumps(out))
+"""
+
+
+def test_prompt_token_ids_are_the_workers() -> None:
+    needs_model()
+    worker_python = Path(settings.WORKER_PYTHON)
+    if not worker_python.exists():
+        message = "the vLLM worker venv is missing (make worker-venv)"
+        if os.environ.get("CHATSITE_E2E_REQUIRED"):
+            pytest.fail(message)
+        pytest.skip(message)
+    folder = str(settings.MODEL_DIR)
+    result = subprocess.run(  # noqa: S603 (our own interpreter and script)
+        [str(worker_python), "-c", TRANSFORMERS_RENDER, folder, str(prompts.CHATML_TOOLS_TEMPLATE)],
+        input=json.dumps(CONVERSATIONS),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    expected = json.loads(result.stdout)
+    ours = [prompts.token_ids(folder, c["messages"], tools=c.get("tools")) for c in CONVERSATIONS]
+    assert ours == expected
+    assert all(len(ids) > 5 for ids in ours)
+
+
+def test_a_prompt_the_template_refuses_is_unavailable(tmp_path: Path) -> None:
+    (tmp_path / "chat_template.jinja").write_text("{{ raise_exception('no system role') }}")
+    with pytest.raises(prompts.PromptUnavailable, match="no system role"):
+        prompts.render(str(tmp_path), [{"role": "user", "content": "hi"}])
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(prompts.PromptUnavailable):
+        prompts.template_source(str(empty))
