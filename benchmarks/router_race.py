@@ -133,6 +133,9 @@ class Answer:
     sent_at: float = 0.0  # since the side began
     ttft: float | None = None
     tokens: int = 0
+    # The prompt's tokens and those the worker found cached, as the answer's usage says.
+    prompt_tokens: int = 0
+    cached_tokens: int = 0
     text: str = ""
     error: str | None = None
 
@@ -174,8 +177,11 @@ async def openai_turn(
                     answer.text += text
                     if answer.ttft is None:
                         answer.ttft = time.perf_counter() - started
-            if chunk.get("usage"):
-                answer.tokens = int(chunk["usage"].get("completion_tokens") or 0)
+            if usage := chunk.get("usage"):
+                answer.tokens = int(usage.get("completion_tokens") or 0)
+                answer.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                details = usage.get("prompt_tokens_details") or {}
+                answer.cached_tokens = int(details.get("cached_tokens") or 0)
     answer.tokens = answer.tokens or chunks
 
 
@@ -200,7 +206,10 @@ async def conversation_turn(
             elif event == "error":
                 answer.error = f"error event: {data}"[:200]
             elif event == "done":
-                answer.tokens = int(json.loads(data).get("output_tokens") or 0)
+                done = json.loads(data)
+                answer.tokens = int(done.get("output_tokens") or 0)
+                answer.prompt_tokens = int(done.get("prompt_tokens") or 0)
+                answer.cached_tokens = int(done.get("cached_tokens") or 0)
                 break
 
 
@@ -244,11 +253,22 @@ async def converse(
 # Workers
 
 
+# vLLM's own account of a request's time, summed over requests (histograms' _sum), to tell
+# the worker's part of the time to first token from the path's.
+VLLM_SUMS = {
+    "vllm:time_to_first_token_seconds_sum": "ttft",
+    "vllm:request_queue_time_seconds_sum": "queue",
+    "vllm:request_prefill_time_seconds_sum": "prefill",
+    "vllm:num_preemptions_total": "preemptions",
+}
+
+
 @dataclass
 class Counters:
     queries: float
     hits: float
     requests: float
+    sums: dict[str, float] = field(default_factory=dict)
 
 
 async def counters(http: httpx.AsyncClient, urls: Sequence[str]) -> list[Counters]:
@@ -258,12 +278,15 @@ async def counters(http: httpx.AsyncClient, urls: Sequence[str]) -> list[Counter
     for url in urls:
         text = (await http.get(f"{url}/metrics")).text
         load = parse_metrics(text)
-        requests = sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("vllm:request_success_total{")
-        )
-        found.append(Counters(load.prefix_cache_queries, load.prefix_cache_hits, requests))
+        sums = dict.fromkeys(VLLM_SUMS.values(), 0.0)
+        requests = 0.0
+        for line in text.splitlines():
+            name = line.split("{", 1)[0]
+            if name == "vllm:request_success_total":
+                requests += float(line.rsplit(" ", 1)[1])
+            elif name in VLLM_SUMS:
+                sums[VLLM_SUMS[name]] += float(line.rsplit(" ", 1)[1])
+        found.append(Counters(load.prefix_cache_queries, load.prefix_cache_hits, requests, sums))
     return found
 
 
@@ -367,6 +390,7 @@ class Outcome:
     hit_rate: float
     per_worker: list[int]
     fitted: list[str] = field(default_factory=list)
+    inside_vllm: dict[str, float] = field(default_factory=dict)
 
     @property
     def ok(self) -> list[Answer]:
@@ -374,6 +398,12 @@ class Outcome:
 
     def ttft_ms(self, q: float) -> float:
         return 1000 * percentile([a.ttft for a in self.ok if a.ttft is not None], q)
+
+    def usage_hit_rate(self) -> float:
+        """Cached over prompt tokens as each answer's usage reported them: counted once per
+        request (vLLM's counters count a request again each time it waits for room)."""
+        prompt = sum(a.prompt_tokens for a in self.ok)
+        return sum(a.cached_tokens for a in self.ok) / prompt if prompt else 0.0
 
     def tokens_per_s(self) -> float:
         return sum(a.tokens for a in self.ok) / self.wall if self.wall else 0.0
@@ -393,12 +423,19 @@ async def play(side: Side, trace: list[Conversation], args: Any, urls: list[str]
         after = await counters(client, urls)
     queries = sum(a.queries - b.queries for a, b in zip(after, before, strict=True))
     hits = sum(a.hits - b.hits for a, b in zip(after, before, strict=True))
+    requests = sum(a.requests - b.requests for a, b in zip(after, before, strict=True))
     return Outcome(
         side=side.name,
         answers=[answer for answers in played for answer in answers],
         wall=wall,
         hit_rate=hits / queries if queries else 0.0,
         per_worker=[int(a.requests - b.requests) for a, b in zip(after, before, strict=True)],
+        # Means per request, in ms (preemptions: the count).
+        inside_vllm={
+            name: sum(a.sums[name] - b.sums[name] for a, b in zip(after, before, strict=True))
+            * (1 if name == "preemptions" else 1000 / max(requests, 1))
+            for name in VLLM_SUMS.values()
+        },
     )
 
 
@@ -434,10 +471,12 @@ def run_side(name: str, args: Any, urls: list[str], trace: list[Conversation], k
             wait_up(f"{side.base_url}/v1/models", processes[0], logs / f"{kind}.log")
         elif kind in ("v1", "conversations"):
             env = {**service_env(), "SCHEDULER_PLACEMENT": policy}
-            processes.append(start(edge_command(port), logs / "edge.log", env))
+            nice = ["nice", "-n", str(args.service_nice)] if args.service_nice else []
+            processes.append(start([*nice, *edge_command(port)], logs / "edge.log", env))
             processes.append(
                 start(
                     [
+                        *nice,
                         sys.executable,
                         "manage.py",
                         "run_scheduler",
@@ -477,17 +516,30 @@ def table(outcomes: list[Outcome], oracle: float) -> str:
         [
             o.side,
             f"{o.hit_rate:.3f}",
-            f"{o.hit_rate / oracle:.2f}" if oracle else "-",
+            f"{o.usage_hit_rate():.3f}",
+            f"{o.usage_hit_rate() / oracle:.2f}" if oracle else "-",
             f"{o.ttft_ms(50):,.0f}",
             f"{o.ttft_ms(99):,.0f}",
             f"{o.tokens_per_s():.1f}",
             " / ".join(str(n) for n in o.per_worker),
             str(len(o.answers) - len(o.ok)),
+            " / ".join(f"{o.inside_vllm.get(k, 0):,.0f}" for k in ("ttft", "queue", "prefill")),
+            f"{o.inside_vllm.get('preemptions', 0):.0f}",
         ]
         for o in outcomes
     ]
-    headers = ["side", "prefix hit", "of oracle", "TTFT p50 ms", "TTFT p99 ms", "out tok/s"]
-    return render([*headers, "requests per worker", "errors"], rows)
+    headers = ["side", "prefix hit (vLLM)", "(usage)", "of oracle", "TTFT p50 ms", "TTFT p99 ms"]
+    return render(
+        [
+            *headers,
+            "out tok/s",
+            "requests per worker",
+            "errors",
+            "vLLM mean TTFT / queue / prefill ms",
+            "preemptions",
+        ],
+        rows,
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -502,6 +554,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--think", type=float, default=1.0, help="mean think time, s")
     parser.add_argument("--rate", type=float, default=2.0, help="new conversations per s")
     parser.add_argument("--seed", type=int, default=15)
+    parser.add_argument(
+        "--service-nice",
+        type=int,
+        default=0,
+        help="run the service's edge and scheduler at this niceness (workers sharing its cores)",
+    )
     parser.add_argument("--routers-venv", type=Path, default=ROOT / ".venv-routers")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     return parser.parse_args(argv)

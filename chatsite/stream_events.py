@@ -103,6 +103,8 @@ class DoneData(TypedDict, total=False):
     finish_reason: str
     prompt_tokens: int | None
     output_tokens: int | None
+    # Of the prompt tokens, those the worker found in its prefix cache.
+    cached_tokens: int | None
 
 
 def entry_fields(event: StreamEvent, data: Any) -> dict[FieldT, EncodableT]:

@@ -277,6 +277,7 @@ def generation_finish(
                 "finish_reason": finish_reason,
                 "prompt_tokens": prompt_tokens,
                 "output_tokens": output_tokens,
+                "cached_tokens": cached_tokens,
             },
         )
         queue.expire_stream(pipe, gid)

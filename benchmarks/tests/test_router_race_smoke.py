@@ -37,14 +37,17 @@ def test_the_race_plays_the_trace_through_every_kind_of_side(
     assert re.search(r"oracle hit rate \(one unlimited cache\): 0\.\d{3}", report), report
     for side in ("sglang-router:round_robin", "v1:predicted_ttft", "conversations:affinity"):
         row = re.search(
-            rf"^{re.escape(side)}\s+(?P<hit>\d\.\d{{3}})\s+\S+\s+(?P<ttft>[\d,]+)\s+[\d,]+\s+"
-            r"(?P<tps>[\d.]+)\s+(?P<spread>\d+ / \d+)\s+(?P<errors>\d+)\s*$",
+            rf"^{re.escape(side)}\s+(?P<hit>\d\.\d{{3}})\s+(?P<usage>\d\.\d{{3}})\s+\S+\s+"
+            r"(?P<ttft>[\d,]+)\s+[\d,]+\s+(?P<tps>[\d.]+)\s+(?P<spread>\d+ / \d+)\s+"
+            r"(?P<errors>\d+)\s+(?P<vllm_ttft>[\d,]+) / [\d,]+ / [\d,]+\s+\d+\s*$",
             report,
             re.M,
         )
         assert row is not None, report
         assert row["errors"] == "0", report
         assert int(row["ttft"].replace(",", "")) > 0, report
-        # Every turn reached a worker, and the second turn of each found its first cached.
+        assert int(row["vllm_ttft"].replace(",", "")) > 0, report
+        # Every turn reached a worker, and the second turn of each found its first cached,
+        # by vLLM's counters and by the answers' usage.
         assert sum(int(n) for n in row["spread"].split(" / ")) == 4, report
-        assert float(row["hit"]) > 0, report
+        assert float(row["hit"]) > 0 and float(row["usage"]) > 0, report

@@ -39,6 +39,8 @@ class Answer:
     finish_reason: str | None = None
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    # Of the prompt, what the worker read from its prefix cache (None: it did not say).
+    cached_tokens: int | None = None
     # (code, message) of an `error` event: the generation failed or was rejected.
     error: tuple[str, str] | None = None
     status: str = ""
@@ -69,6 +71,8 @@ class Answer:
             self.status = str(data.get("status") or "")
             self.prompt_tokens = int(data.get("prompt_tokens") or 0)
             self.completion_tokens = int(data.get("output_tokens") or 0)
+            cached = data.get("cached_tokens")
+            self.cached_tokens = int(cached) if cached is not None else None
             reason = str(data.get("finish_reason") or "")
             if self.retracted:
                 reason = "content_filter"
@@ -88,12 +92,16 @@ class Answer:
             message["tool_calls"] = self.tool_calls
         return message
 
-    def usage(self) -> dict[str, int]:
-        return {
+    def usage(self) -> dict[str, Any]:
+        usage: dict[str, Any] = {
             "prompt_tokens": self.prompt_tokens,
             "completion_tokens": self.completion_tokens,
             "total_tokens": self.prompt_tokens + self.completion_tokens,
         }
+        if self.cached_tokens is not None:
+            # OpenAI's place for it: what the prompt cache saved.
+            usage["prompt_tokens_details"] = {"cached_tokens": self.cached_tokens}
+        return usage
 
 
 def completion(*, generation_id: Any, created: int, model: str, answer: Answer) -> dict[str, Any]:

@@ -302,6 +302,19 @@ def test_a_restart_starts_the_text_over_and_unknown_reasons_read_as_stop() -> No
     assert answer.usage() == {"prompt_tokens": 0, "completion_tokens": 3, "total_tokens": 3}
 
 
+def test_the_usage_says_what_the_prefix_cache_saved() -> None:
+    answer = Answer()
+    answer.apply("delta", {"text": "hi"})
+    done = {"status": "complete", "finish_reason": "stop", "prompt_tokens": 700}
+    answer.apply("done", {**done, "output_tokens": 2, "cached_tokens": 512})
+    assert answer.usage() == {
+        "prompt_tokens": 700,
+        "completion_tokens": 2,
+        "total_tokens": 702,
+        "prompt_tokens_details": {"cached_tokens": 512},
+    }
+
+
 # Whole and streamed answers through a live edge, with the official client
 
 
