@@ -21,8 +21,9 @@ reset where they allow it (`POST /reset_prefix_cache`).
 Per side: vLLM's own prefix-cache hit rate over the side (the change of its
 `prefix_cache_hits` / `prefix_cache_queries` counters, summed over the workers), TTFT p50/p99
 (request sent to first text), output tokens/s over the side's wall time, requests per worker,
-and errors. The oracle's hit rate (one cache of unlimited size holding every block ever sent,
-in the workers' own block size) is the limit any placement can reach.
+and errors. The oracle's hit rate (one cache of unlimited size holding every block sent before,
+in the workers' own block size, replaying the side's own prompts and answers) is the limit any
+placement can reach.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/chatsite_race_bench \\
     REDIS_URL=redis://127.0.0.1:6379/8 SECRET_KEY=x \\
@@ -305,7 +306,9 @@ async def settle(http: httpx.AsyncClient, urls: Sequence[str]) -> None:
             await http.post(f"{url}/reset_prefix_cache", timeout=10)
 
 
-def oracle_hit_rate(trace: list[Conversation], results: list[Answer], args: Any) -> float:
+def oracle_hit_rate(
+    trace: list[Conversation], results: list[Answer], system_texts: list[str], args: Any
+) -> float:
     """The share of prompt tokens one cache of unlimited size would have held: every full
     block of every prompt sent and answer produced before, in the workers' block size."""
     from django.conf import settings
@@ -319,7 +322,6 @@ def oracle_hit_rate(trace: list[Conversation], results: list[Answer], args: Any)
         by_conversation.setdefault(answer.conversation, []).append(answer)
     seen: set[str] = set()
     hits = queries = 0
-    system_texts = system_prompts(args, "oracle")
     # Replayed in the order the side sent them.
     for sent in sorted(results, key=lambda a: a.sent_at):
         index, turn = sent.conversation, sent.turn
@@ -390,6 +392,8 @@ class Outcome:
     hit_rate: float
     per_worker: list[int]
     fitted: list[str] = field(default_factory=list)
+    prompts: list[str] = field(default_factory=list)
+    oracle: float = 0.0
     inside_vllm: dict[str, float] = field(default_factory=dict)
 
     @property
@@ -428,6 +432,7 @@ async def play(side: Side, trace: list[Conversation], args: Any, urls: list[str]
         side=side.name,
         answers=[answer for answers in played for answer in answers],
         wall=wall,
+        prompts=prompts,
         hit_rate=hits / queries if queries else 0.0,
         per_worker=[int(a.requests - b.requests) for a, b in zip(after, before, strict=True)],
         # Means per request, in ms (preemptions: the count).
@@ -511,13 +516,14 @@ def run_side(name: str, args: Any, urls: list[str], trace: list[Conversation], k
     return outcome
 
 
-def table(outcomes: list[Outcome], oracle: float) -> str:
+def table(outcomes: list[Outcome]) -> str:
     rows = [
         [
             o.side,
             f"{o.hit_rate:.3f}",
             f"{o.usage_hit_rate():.3f}",
-            f"{o.usage_hit_rate() / oracle:.2f}" if oracle else "-",
+            f"{o.oracle:.3f}",
+            f"{o.usage_hit_rate() / o.oracle:.2f}" if o.oracle else "-",
             f"{o.ttft_ms(50):,.0f}",
             f"{o.ttft_ms(99):,.0f}",
             f"{o.tokens_per_s():.1f}",
@@ -528,7 +534,8 @@ def table(outcomes: list[Outcome], oracle: float) -> str:
         ]
         for o in outcomes
     ]
-    headers = ["side", "prefix hit (vLLM)", "(usage)", "of oracle", "TTFT p50 ms", "TTFT p99 ms"]
+    headers = ["side", "prefix hit (vLLM)", "(usage)", "oracle", "of oracle"]
+    headers += ["TTFT p50 ms", "TTFT p99 ms"]
     return render(
         [
             *headers,
@@ -587,8 +594,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     trace = make_trace(args)
     outcomes = [run_side(name.strip(), args, urls, trace, key) for name in args.sides.split(",")]
-    reference = next((o for o in outcomes if o.ok), None)
-    oracle = oracle_hit_rate(trace, reference.answers, args) if reference else 0.0
+    for outcome in outcomes:
+        outcome.oracle = oracle_hit_rate(trace, outcome.ok, outcome.prompts, args)
     loads = [parse_metrics(httpx.get(f"{u}/metrics", timeout=10).text) for u in urls]
     facts = (
         f"router race: {args.conversations} conversations x {args.turns} turns, "
@@ -599,10 +606,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{u} (block {load.block_size}, {load.num_gpu_blocks} blocks)"
             for u, load in zip(urls, loads, strict=True)
         )
-        + f"\noracle hit rate (one unlimited cache): {oracle:.3f}"
+        + "\noracle: the hit rate of one unlimited cache holding every block sent before, "
+        "replaying the side's own prompts and answers"
     )
     speeds = [f"{o.side}: {'; '.join(o.fitted)}" for o in outcomes if o.fitted]
-    report = f"{facts}\n\n{table(outcomes, oracle)}"
+    report = f"{facts}\n\n{table(outcomes)}"
     if speeds:
         report += "\n\nworkers' speed as the scheduler fitted it:\n" + "\n".join(speeds)
     print(report)
