@@ -527,6 +527,7 @@ def table(outcomes: list[Outcome]) -> str:
             f"{o.ttft_ms(50):,.0f}",
             f"{o.ttft_ms(99):,.0f}",
             f"{o.tokens_per_s():.1f}",
+            f"{sum(a.prompt_tokens for a in o.ok) / max(len(o.ok), 1):.0f}",
             " / ".join(str(n) for n in o.per_worker),
             str(len(o.answers) - len(o.ok)),
             " / ".join(f"{o.inside_vllm.get(k, 0):,.0f}" for k in ("ttft", "queue", "prefill")),
@@ -540,6 +541,7 @@ def table(outcomes: list[Outcome]) -> str:
         [
             *headers,
             "out tok/s",
+            "prompt tokens",
             "requests per worker",
             "errors",
             "vLLM mean TTFT / queue / prefill ms",

@@ -38,7 +38,7 @@ def test_the_race_plays_the_trace_through_every_kind_of_side(
         row = re.search(
             rf"^{re.escape(side)}\s+(?P<hit>\d\.\d{{3}})\s+(?P<usage>\d\.\d{{3}})\s+"
             r"(?P<oracle>\d\.\d{3})\s+\S+\s+"
-            r"(?P<ttft>[\d,]+)\s+[\d,]+\s+(?P<tps>[\d.]+)\s+(?P<spread>\d+ / \d+)\s+"
+            r"(?P<ttft>[\d,]+)\s+[\d,]+\s+(?P<tps>[\d.]+)\s+\d+\s+(?P<spread>\d+ / \d+)\s+"
             r"(?P<errors>\d+)\s+(?P<vllm_ttft>[\d,]+) / [\d,]+ / [\d,]+\s+\d+\s*$",
             report,
             re.M,

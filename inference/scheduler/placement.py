@@ -124,10 +124,14 @@ class PredictedTTFTPolicy:
     Per candidate: its speed times the prompt tokens it must read first (its backlog, and the
     part of this prompt its cache lacks) and the answers it is decoding; plus, for each of
     those answers, `interference` times this prompt's own reading time (they stall while it
-    is read). The conversation's last worker keeps it unless another predicts better by more
-    than `hysteresis` (a share) and `hysteresis_ms`, so a conversation does not flap on
-    noise. Ties go to the lowest id. It needs no conversation: a `/v1` request finds its
-    prefix through `cached_tokens`."""
+    is read).
+
+    The request's home keeps it unless another worker predicts better by more than
+    `hysteresis` (a share) and `hysteresis_ms`: the worker holding the longest part of its
+    prompt (a `/v1` request needs no conversation to have one), or, holding as much, the
+    conversation's last worker. A prediction counts only the next first token; staying home
+    also keeps one copy of a shared prompt per fleet instead of one per worker, and keeps the
+    conversation's history where its next turns will look for it. Ties go to the lowest id."""
 
     def __init__(
         self,
@@ -166,13 +170,24 @@ class PredictedTTFTPolicy:
         ranked = sorted(candidates, key=lambda c: (costs[c.id], c.id))
         if not ranked:
             return []
-        sticky = next((c for c in ranked if c.id == request.sticky_worker_id), None)
+        home = self.home(ranked, request)
         best = costs[ranked[0].id]
-        if sticky is not None and costs[sticky.id] <= best * (1 + self.hysteresis) + (
+        if home is not None and costs[home.id] <= best * (1 + self.hysteresis) + (
             self.hysteresis_ms
         ):
-            return [sticky, *(c for c in ranked if c is not sticky)]
+            return [home, *(c for c in ranked if c is not home)]
         return ranked
+
+    @staticmethod
+    def home(candidates: Sequence[Candidate], request: PlacementRequest) -> Candidate | None:
+        """The worker holding the most of the prompt, the conversation's last one first
+        among equals; None where no worker holds more than the others."""
+        most = max(c.cached_tokens for c in candidates)
+        holders = [c for c in candidates if c.cached_tokens == most]
+        sticky = next((c for c in holders if c.id == request.sticky_worker_id), None)
+        if sticky is not None:
+            return sticky
+        return holders[0] if len(holders) == 1 else None
 
 
 class RoundRobinPolicy:

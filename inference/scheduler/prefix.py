@@ -175,33 +175,54 @@ class RedisIndex:
 
 class MemoryIndex:
     """The same model in one process: per worker, its blocks from least to most recently
-    used (the fleet simulator's, and a reference for the Redis one)."""
+    used, and per block the workers holding it, so that matching a prompt against a fleet
+    walks the prompt's blocks, not the workers (the fleet simulator's index, and a reference
+    for the Redis one)."""
 
     def __init__(self) -> None:
         self.workers: dict[int, OrderedDict[str, int]] = {}
+        self.holders: dict[str, set[int]] = {}
+
+    def longest(self, hashes: Sequence[str]) -> dict[int, int]:
+        """Every worker holding the first block, with how many leading blocks it holds."""
+        if not hashes or hashes[0] not in self.holders:
+            return {}
+        alive = set(self.holders[hashes[0]])
+        matched = dict.fromkeys(alive, 1)
+        for depth, block in enumerate(hashes[1:], start=2):
+            alive &= self.holders.get(block, set())
+            if not alive:
+                break
+            for worker_id in alive:
+                matched[worker_id] = depth
+        return matched
 
     def matched_blocks(self, worker_ids: Sequence[int], hashes: Sequence[str]) -> list[int]:
-        matched = []
-        empty: OrderedDict[str, int] = OrderedDict()
-        for worker_id in worker_ids:
-            held = self.workers.get(worker_id, empty)
-            n = 0
-            for block in hashes:
-                if block not in held:
-                    break
-                n += 1
-            matched.append(n)
-        return matched
+        matched = self.longest(hashes)
+        return [matched.get(worker_id, 0) for worker_id in worker_ids]
 
     def record(self, worker_id: int, hashes: Sequence[str], *, capacity: int, now_ms: int) -> None:
         """As the Redis step, for uses in time order: the last block is touched first, so
         the first ends as the most recently used."""
         held = self.workers.setdefault(worker_id, OrderedDict())
         for block in reversed(hashes):
+            if block not in held:
+                self.holders.setdefault(block, set()).add(worker_id)
             held[block] = now_ms
             held.move_to_end(block)
         while capacity > 0 and len(held) > capacity:
-            held.popitem(last=False)
+            self._forget(worker_id, held.popitem(last=False)[0])
+
+    def size(self, worker_id: int) -> int:
+        return len(self.workers.get(worker_id, ()))
 
     def clear(self, worker_id: int) -> None:
-        self.workers.pop(worker_id, None)
+        for block in self.workers.pop(worker_id, {}):
+            self._forget(worker_id, block)
+
+    def _forget(self, worker_id: int, block: str) -> None:
+        holders = self.holders.get(block)
+        if holders is not None:
+            holders.discard(worker_id)
+            if not holders:
+                del self.holders[block]

@@ -220,3 +220,25 @@ def test_the_ttft_fit_gives_no_speed_it_cannot_tell() -> None:
 def test_predicted_ttft_is_a_named_policy(settings: Any) -> None:
     settings.SCHEDULER_PLACEMENT = "predicted_ttft"
     assert isinstance(configured_policy(), PredictedTTFTPolicy)
+
+
+def test_a_request_stays_with_the_worker_holding_most_of_its_prompt() -> None:
+    # No conversation (a `/v1` request): its home is the worker holding the longest prefix.
+    home = Candidate(id=2, leases=9, cached_tokens=256)  # 50 + 44 + 90 = 184 ms
+    other = Candidate(id=1, leases=0, cached_tokens=128)  # 50 + 172 = 222 ms... busier home
+    quiet = Candidate(id=3, leases=0, cached_tokens=200)  # 50 + 100 = 150 ms: better by 34
+    assert ids(ttft_policy().order([other, home, quiet], prompt(300))) == [2, 3, 1]
+    # Past the hysteresis (150 * 1.2 + 50 = 230 ms) it leaves.
+    swamped = Candidate(id=2, leases=9, cached_tokens=256, prefill_backlog=100)  # 284 ms
+    assert ids(ttft_policy().order([other, swamped, quiet], prompt(300))) == [3, 1, 2]
+
+
+def test_the_conversations_last_worker_is_home_among_equal_holders() -> None:
+    a = Candidate(id=1, leases=4, cached_tokens=512)  # 50 + 88 + 40 = 178 ms
+    b = Candidate(id=2, leases=0, cached_tokens=512)  # 50 + 88 = 138 ms
+    assert ids(ttft_policy().order([a, b], prompt(600, sticky=1))) == [1, 2]
+    # Equal holders and no conversation: no home, the better prediction wins.
+    assert ids(ttft_policy().order([a, b], prompt(600))) == [2, 1]
+    # A worker holding more is home even against the conversation's last one.
+    c = Candidate(id=3, leases=6, cached_tokens=576)  # 50 + 24 + 60 = 134 ms
+    assert PredictedTTFTPolicy.home([a, b, c], prompt(600, sticky=1)) == c
