@@ -284,11 +284,15 @@ class Capacity:
         return admitted
 
     async def first_token(self, generation_id: str, admitted: Admitted, ttft_ms: float) -> None:
-        """The worker has read the prompt: off its backlog, and one more measurement of it."""
+        """The worker has read the prompt: off its backlog (the lease's release takes it off
+        too, should this fail), and one more measurement of it."""
         self.fits.setdefault(admitted.worker_id, TTFTFit()).observe(
             tokens=admitted.tokens, streams=admitted.streams, ttft_ms=ttft_ms
         )
-        await self.redis.hdel(queue.prefill_key(admitted.worker_id), generation_id)
+        try:
+            await self.redis.hdel(queue.prefill_key(admitted.worker_id), generation_id)
+        except Exception:
+            logger.warning("could not take %s off its worker's backlog", generation_id)
 
     async def remember_answer(
         self,

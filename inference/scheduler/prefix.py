@@ -110,6 +110,10 @@ class Prompt:
         return self._hashes[block_size]
 
 
+# The folders whose prompts could not be rendered, told once each (not once per request).
+_unrenderable: set[str] = set()
+
+
 def prompt_of(
     folder: str, messages: Sequence[dict[str, Any]], tools: Sequence[dict[str, Any]] | None
 ) -> Prompt | None:
@@ -118,7 +122,9 @@ def prompt_of(
     try:
         return Prompt(prompts.token_ids(folder, messages, tools=tools))
     except Exception as exc:  # a template or tokenizer we cannot run must not stop placement
-        logger.warning("cannot render the prompt for placement: %s", exc)
+        if folder not in _unrenderable:
+            _unrenderable.add(folder)
+            logger.warning("cannot render prompts of %s for placement: %s", folder, exc)
         return None
 
 
@@ -139,8 +145,7 @@ def answer_of(
             tools=tools,
             add_generation_prompt=False,
         )
-    except Exception as exc:
-        logger.warning("cannot render the answer for the prefix index: %s", exc)
+    except Exception:  # told once by `prompt_of`, which meets the same template first
         return None
     return Prompt(ids[:sequence_tokens] if sequence_tokens > 0 else ids)
 

@@ -257,7 +257,7 @@ class Runs:
         )
         if run.admitted is not None:
             ttft = first_token_at - admission.admitted_at
-            await self.capacity.first_token(gid, run.admitted, ttft.total_seconds() * 1000)
+            self._spawn(self.capacity.first_token(gid, run.admitted, ttft.total_seconds() * 1000))
             run.admitted = None
 
     async def _tool_round(self, run: Run, calls: list[ToolCall]) -> bool:
