@@ -1,7 +1,7 @@
 """Fleet simulator: placement policies on 8 to 1,024 simulated vLLM workers, one trace each.
 
 Each simulated worker is a model of a vLLM worker calibrated from a real one (`--calibrate
-URL` measures it: a first token alone after 64 and 1,024 uncached prompt tokens, and answers
+URL` measures it: a first token alone after about 190 and 1,100 uncached prompt tokens, and answers
 decoded alone and 16 at once; without it, the figures measured so on this machine's vLLM CPU
 worker serving SmolLM2-135M): a step takes `step_ms` plus `step_ms_per_stream` per answer
 decoding and `prefill_ms_per_token` per prompt token read in it (at most `chunk_tokens` a step,
@@ -83,9 +83,11 @@ POLICIES = ("random", "round_robin", "least_loaded", "consistent_hash", "sglang"
 class WorkerModel:
     """A vLLM worker's speed and cache, as calibrated."""
 
-    step_ms: float = 60.0
-    step_ms_per_stream: float = 2.4
-    prefill_ms_per_token: float = 0.9
+    # `--calibrate` on this machine's vLLM CPU worker (SmolLM2-135M, one core), twice:
+    # 49.6 / 40.1 ms a step, 2.5 / 2.9 ms per stream, 1.90 / 1.90 ms per prompt token.
+    step_ms: float = 45.0
+    step_ms_per_stream: float = 2.7
+    prefill_ms_per_token: float = 1.9
     chunk_tokens: int = 2048
     block_size: int = 128
     num_blocks: int = 96
@@ -516,6 +518,14 @@ def calibrate(url: str, block_size: int, num_blocks: int) -> WorkerModel:
 
     model = httpx.get(f"{url}/v1/models", timeout=10).json()["data"][0]["id"]
 
+    def read(words: int) -> tuple[float, int]:
+        """(time to a one-token answer, prompt tokens) for a fresh prompt of `words`."""
+        text = f"{random.random()} " + " ".join(f"w{random.randrange(10**6)}" for _ in range(words))
+        body = {"model": model, "messages": [{"role": "user", "content": text}], "max_tokens": 1}
+        started = time.perf_counter()
+        answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).json()
+        return time.perf_counter() - started, int(answer["usage"]["prompt_tokens"])
+
     def stream(words: int, max_tokens: int) -> tuple[float, float, int]:
         """(TTFT, decode time after it, chunks) of one answer to a fresh prompt."""
         text = f"{random.random()} " + " ".join(f"w{random.randrange(10**6)}" for _ in range(words))
@@ -538,9 +548,9 @@ def calibrate(url: str, block_size: int, num_blocks: int) -> WorkerModel:
         return first - started, last - first, chunks
 
     stream(16, 4)  # warm
-    short = min(stream(20, 1)[0] for _ in range(3))  # ~64 tokens
-    long = min(stream(330, 1)[0] for _ in range(3))  # ~1,024 tokens
-    per_token = max(0.0, (long - short) / (1024 - 64)) * 1000
+    short = min(read(20) for _ in range(3))  # about 190 tokens
+    long = min(read(150) for _ in range(3))  # about 1,100 tokens
+    per_token = max(0.0, (long[0] - short[0]) / (long[1] - short[1])) * 1000
     _, alone, count = stream(16, 48)
     step_alone = alone / max(count - 1, 1) * 1000
     with ThreadPoolExecutor(16) as pool:
