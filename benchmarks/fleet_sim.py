@@ -336,6 +336,7 @@ def ours(policy: PredictedTTFTPolicy, shortlist: int) -> Policy:
                 leases=state.in_flight[w],
                 cached_tokens=matched.get(w, 0) * size,
                 prefill_backlog=state.backlog[w],
+                held_blocks=state.index.size(w),
             )
             for w in workers
         ]

@@ -93,6 +93,8 @@ class WorkerView:
     leases: int = 0
     # Prompt tokens placed on it that it has not read yet (every replica's placements).
     backlog: int = 0
+    # The blocks its KV cache holds, by the prefix index.
+    held_blocks: int = 0
 
     @property
     def block_size(self) -> int:
@@ -184,10 +186,13 @@ class Capacity:
             for view in views:
                 pipe.zcount(queue.lease_key(view.id), now, "+inf")
                 pipe.hvals(queue.prefill_key(view.id))
+                pipe.zcard(prefix.index_key(view.id))
             measured = await pipe.execute()
-        for view, count, backlog in zip(views, measured[0::2], measured[1::2], strict=True):
+        readings = zip(views, measured[0::3], measured[1::3], measured[2::3], strict=True)
+        for view, count, backlog, held in readings:
             view.leases = int(count)
             view.backlog = sum(int(tokens) for tokens in backlog)
+            view.held_blocks = int(held)
         return [v for v in views if v.has_room()]
 
     async def place(self, job: queue.Job, views: list[WorkerView]) -> list[Placement]:
@@ -239,6 +244,7 @@ class Capacity:
             kv_cache_percent=load.kv_cache_percent,
             cached_tokens=placement.cached_tokens,
             prefill_backlog=view.backlog,
+            held_blocks=view.held_blocks,
             speed=fit.speed() if fit is not None else None,
         )
 

@@ -38,6 +38,8 @@ class Candidate:
     cached_tokens: int = 0
     # Prompt tokens placed on it that it has not finished reading (no first token yet).
     prefill_backlog: int = 0
+    # The blocks its KV cache holds, by the index (how much it already keeps for others).
+    held_blocks: int = 0
     # Its speed as measured (`TTFTFit`); None: the model's defaults.
     speed: Speed | None = None
 
@@ -131,7 +133,10 @@ class PredictedTTFTPolicy:
     prompt (a `/v1` request needs no conversation to have one), or, holding as much, the
     conversation's last worker. A prediction counts only the next first token; staying home
     also keeps one copy of a shared prompt per fleet instead of one per worker, and keeps the
-    conversation's history where its next turns will look for it. Ties go to the lowest id."""
+    conversation's history where its next turns will look for it. A prompt no worker holds
+    any of goes, among the workers within the hysteresis of the best, to the one whose cache
+    keeps least for others (SGLang's "smallest tree"), so that distinct prompts spread over
+    the fleet's caches. Ties go to the lowest id."""
 
     def __init__(
         self,
@@ -172,10 +177,15 @@ class PredictedTTFTPolicy:
             return []
         home = self.home(ranked, request)
         best = costs[ranked[0].id]
-        if home is not None and costs[home.id] <= best * (1 + self.hysteresis) + (
-            self.hysteresis_ms
-        ):
+        bound = best * (1 + self.hysteresis) + self.hysteresis_ms
+        if home is not None and costs[home.id] <= bound:
             return [home, *(c for c in ranked if c is not home)]
+        if home is None and all(c.cached_tokens == 0 for c in ranked):
+            # A prompt nobody holds: among the workers within the hysteresis, the one that
+            # keeps least for others, so distinct prompts spread over the fleet's caches.
+            near = [c for c in ranked if costs[c.id] <= bound]
+            roomiest = min(near, key=lambda c: (c.held_blocks, costs[c.id], c.id))
+            return [roomiest, *(c for c in ranked if c is not roomiest)]
         return ranked
 
     @staticmethod

@@ -242,3 +242,14 @@ def test_the_conversations_last_worker_is_home_among_equal_holders() -> None:
     # A worker holding more is home even against the conversation's last one.
     c = Candidate(id=3, leases=6, cached_tokens=576)  # 50 + 24 + 60 = 134 ms
     assert PredictedTTFTPolicy.home([a, b, c], prompt(600, sticky=1)) == c
+
+
+def test_a_prompt_nobody_holds_goes_to_the_cache_keeping_least_within_the_hysteresis() -> None:
+    # 1 predicts 200 ms, 2 210 ms (within 1.2 x 200 + 50), 3 400 ms (beyond).
+    full = Candidate(id=1, held_blocks=90)
+    roomy = Candidate(id=2, leases=1, held_blocks=10)
+    empty_but_slow = Candidate(id=3, leases=20, held_blocks=0)
+    assert ids(ttft_policy().order([full, roomy, empty_but_slow], prompt(150))) == [2, 1, 3]
+    # Once a worker holds part of the prompt, the cache sizes no longer decide.
+    holder = Candidate(id=1, held_blocks=90, cached_tokens=128)
+    assert ids(ttft_policy().order([holder, roomy, empty_but_slow], prompt(150))) == [1, 2, 3]
