@@ -456,15 +456,16 @@ def simulate(
 
 
 def oracle_hit_rate(turns: list[Turn], block_size: int) -> float:
-    """One unlimited cache, in the order the turns arrived."""
-    seen: set[str] = set()
+    """One unlimited cache (one worker's index that never forgets), in the order the turns
+    arrived."""
+    oracle = MemoryIndex()
     hits = prompt = 0
     for turn in sorted(turns, key=lambda t: t.arrival_ms):
-        hashes = block_hashes(turn.tokens, block_size)
-        held = next((i for i, h in enumerate(hashes) if h not in seen), len(hashes))
+        (held,) = oracle.matched_blocks([0], block_hashes(turn.tokens, block_size))
         hits += held * block_size
         prompt += len(turn.tokens)
-        seen.update(block_hashes(turn.tokens + turn.answer, block_size))
+        sequence = block_hashes(turn.tokens + turn.answer, block_size)
+        oracle.record(0, sequence, capacity=0, now_ms=int(turn.arrival_ms))
     return hits / prompt if prompt else 0.0
 
 

@@ -314,13 +314,13 @@ def oracle_hit_rate(
     from django.conf import settings
 
     from inference import prompts as rendering
-    from inference.scheduler.prefix import block_hashes
+    from inference.scheduler.prefix import MemoryIndex, block_hashes
 
     folder = str(settings.MODEL_DIR)
     by_conversation: dict[int, list[Answer]] = {}
     for answer in results:
         by_conversation.setdefault(answer.conversation, []).append(answer)
-    seen: set[str] = set()
+    oracle = MemoryIndex()  # one worker, never forgetting (capacity 0)
     hits = queries = 0
     # Replayed in the order the side sent them.
     for sent in sorted(results, key=lambda a: a.sent_at):
@@ -334,20 +334,16 @@ def oracle_hit_rate(
         messages.append({"role": "user", "content": conversation.questions[turn]})
         ids = rendering.token_ids(folder, messages)
         hashes = block_hashes(ids, args.block_size)
-        cached = 0
-        for block in hashes:
-            if block not in seen:
-                break
-            cached += 1
+        (cached,) = oracle.matched_blocks([0], hashes)
         hits += cached * args.block_size
         queries += len(ids)
-        seen.update(hashes)
+        oracle.record(0, hashes, capacity=0, now_ms=0)
         answer_ids = rendering.token_ids(
             folder,
             [*messages, {"role": "assistant", "content": answers[turn].text}],
             add_generation_prompt=False,
         )
-        seen.update(block_hashes(answer_ids, args.block_size))
+        oracle.record(0, block_hashes(answer_ids, args.block_size), capacity=0, now_ms=0)
     return hits / queries if queries else 0.0
 
 
