@@ -156,19 +156,23 @@ class PredictedTTFTPolicy:
         self.default_speed = default_speed or Speed.default()
 
     def predicted_ttft_ms(self, candidate: Candidate, request: PlacementRequest) -> float:
-        speed = candidate.speed or self.default_speed
-        uncached = max(0, request.prompt_tokens - candidate.cached_tokens)
-        return (
-            speed.base_ms
-            + speed.ms_per_token * (candidate.prefill_backlog + uncached)
-            + speed.ms_per_stream * candidate.leases
-        )
+        return self._predict(candidate, request)[0]
 
     def cost(self, candidate: Candidate, request: PlacementRequest) -> float:
+        ttft_ms, own_read_ms = self._predict(candidate, request)
+        return ttft_ms + self.interference * candidate.leases * own_read_ms
+
+    def _predict(self, candidate: Candidate, request: PlacementRequest) -> tuple[float, float]:
+        """(the predicted time to first token, this prompt's own reading time) in ms."""
         speed = candidate.speed or self.default_speed
         own_read_ms = speed.ms_per_token * max(0, request.prompt_tokens - candidate.cached_tokens)
-        stalled = self.interference * candidate.leases * own_read_ms
-        return self.predicted_ttft_ms(candidate, request) + stalled
+        ttft_ms = (
+            speed.base_ms
+            + speed.ms_per_token * candidate.prefill_backlog
+            + own_read_ms
+            + speed.ms_per_stream * candidate.leases
+        )
+        return ttft_ms, own_read_ms
 
     def order(self, candidates: Sequence[Candidate], request: PlacementRequest) -> list[Candidate]:
         costs = {c.id: self.cost(c, request) for c in candidates}
