@@ -335,6 +335,15 @@ SCHEDULER_AFFINITY_TTL_SECONDS = env_int("SCHEDULER_AFFINITY_TTL_SECONDS", 3600)
 # counted as its prompt plus its max_tokens (most answers end well before max_tokens; vLLM
 # pre-empts and resumes if the cache runs out). 0 leaves only max_concurrency.
 SCHEDULER_KV_OVERCOMMIT = env_float("SCHEDULER_KV_OVERCOMMIT", 1.0)
+# The share of a worker's room (its max_concurrency and its KV budget) that a tier's answers
+# may fill, counting every lease on it. The free tier stops short, so the room above is kept
+# for paid answers; pro may go past the budget on purpose: vLLM's priority scheduling serves
+# its prompt first and pre-empts free answers if the cache runs out. A tier not named: 1.0.
+SCHEDULER_TIER_SHARE = {
+    "pro": env_float("SCHEDULER_TIER_SHARE_PRO", 1.25),
+    "plus": env_float("SCHEDULER_TIER_SHARE_PLUS", 1.0),
+    "free": env_float("SCHEDULER_TIER_SHARE_FREE", 0.75),
+}
 GENERATION_STREAM_TTL_SECONDS = env_int("GENERATION_STREAM_TTL_SECONDS", 3600)
 # Server-Sent Events: heartbeat comments while idle, client retry delay, and how long a
 # generation whose watchers all left after its first token waits for one to come back.

@@ -3,7 +3,10 @@
 Every check-and-change that two processes could race on is one Lua script, so several
 scheduler replicas and edge processes can share one Redis without locks:
 
-- `q:<pool>:<tier>`  sorted set of queued generation ids, scored by enqueue time (ms)
+- `q:<pool>:<tier>`  sorted set of queued generation ids, in the order they are served: scored
+                     by their start tag in a fair queue between users (`ENQUEUE`)
+- `qt:<pool>:<tier>` the same ids scored by enqueue time (ms), for the queue time limit
+- `fair:<pool>:<tier>` hash: the queue's virtual time `V` and each user's last finish tag
 - `job:<id>`         hash: what the scheduler needs to run the generation (prompt, limits)
 - `lease:<worker>`   sorted set of generation ids running on a worker, scored by lease expiry;
                      a replica that dies stops renewing, and its leases lapse by themselves
@@ -40,6 +43,14 @@ def key(*parts: object) -> str:
 
 def queue_key(pool: str, tier: str) -> str:
     return key("q", pool, tier)
+
+
+def queued_at_key(pool: str, tier: str) -> str:
+    return key("qt", pool, tier)
+
+
+def fair_key(pool: str, tier: str) -> str:
+    return key("fair", pool, tier)
 
 
 def job_key(generation_id: object) -> str:
@@ -89,46 +100,86 @@ def now_ms() -> int:
     return int(time.time() * 1000)
 
 
-# Enqueue: the job, its place in the queue and the first stream event, all at once.
+# Enqueue: the job and its place in the queue, at once.
+#
+# Within a tier the queue is fair between users by tokens: start-time fair queuing (Goyal,
+# Vin and Cheng, SIGCOMM '96), the discipline VTC (Sheng et al., OSDI '24) adapts to LLM
+# serving. A request's start tag is the later of the queue's virtual time V (the tag of the
+# request served last) and the finish tag of its user's previous request; its finish tag adds
+# its cost in tokens (prompt and answer limit). The queue serves the smallest start tag, so
+# a user who queued a hundred requests is served once per round among the users waiting, and
+# one who comes back after a while starts at V, with no credit saved up. Among equal tags
+# the earlier request goes first (a sequence number in the score's fraction). When the queue
+# empties, the busy period is over and V and the tags start again from zero, so scores stay
+# small enough to be exact.
+#
+# KEYS: the job, the queue, its enqueue times, its fair-queue state. ARGV: enqueue time, id,
+# job TTL, user, cost in tokens, then the job's fields.
 ENQUEUE = """
-redis.call('HSET', KEYS[1], unpack(ARGV, 4))
+redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-redis.call('ZADD', KEYS[2], ARGV[1], ARGV[2])
+local v = tonumber(redis.call('HGET', KEYS[4], 'V') or '0')
+local user = 'u:' .. ARGV[4]
+local start = math.max(v, tonumber(redis.call('HGET', KEYS[4], user) or '0'))
+local seq = redis.call('HINCRBY', KEYS[4], '#', 1) % 1000000
+redis.call('HSET', KEYS[4], user, start + tonumber(ARGV[5]))
+redis.call('EXPIRE', KEYS[4], ARGV[3])
+redis.call('ZADD', KEYS[2], string.format('%d.%06d', start, seq), ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[1], ARGV[2])
 return 1
 """
 
-# Claim the oldest generation of the best non-empty tier. ZPOPMIN is what makes a
-# generation go to exactly one replica. Returns its id, its queue and its job's fields (a
-# flat list of names and values).
+# Claim the next generation of the best non-empty tier that has room (KEYS: each such tier's
+# queue, enqueue times and fair-queue state, in threes). ZPOPMIN is what makes a generation
+# go to exactly one replica. Returns its id, its queue, its score (to put it back in the same
+# place) and its job's fields (a flat list of names and values).
 CLAIM = """
-for i = 1, #KEYS do
+for i = 1, #KEYS, 3 do
   local popped = redis.call('ZPOPMIN', KEYS[i])
   if #popped > 0 then
     local id = popped[1]
+    redis.call('ZREM', KEYS[i + 1], id)
+    if redis.call('EXISTS', KEYS[i]) == 0 then
+      redis.call('DEL', KEYS[i + 2])
+    else
+      redis.call('HSET', KEYS[i + 2], 'V', math.floor(tonumber(popped[2])))
+    end
     local job = ARGV[1] .. id
     if redis.call('EXISTS', job) == 1 then
       redis.call('HSET', job, 'owner', ARGV[2], 'claimed_ms', ARGV[3])
-      return {id, KEYS[i], redis.call('HGETALL', job)}
+      return {id, KEYS[i], popped[2], redis.call('HGETALL', job)}
     end
   end
 end
 return false
 """
 
+# Put a claimed generation back where it was (KEYS: its queue and enqueue times; ARGV: its
+# score, its enqueue time, its id), and let any replica claim it.
+REQUEUE = """
+redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
+redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
+redis.call('HDEL', KEYS[3], 'owner')
+return 1
+"""
+
 # Remove a queued generation if it is still queued: the caller that gets 1 owns its fate.
 UNQUEUE = """
+redis.call('ZREM', KEYS[2], ARGV[1])
 return redis.call('ZREM', KEYS[1], ARGV[1])
 """
 
 # Take every generation queued before a deadline (ARGV[1]) out of the queues (KEYS: a pool's
-# tiers), atomically: at most 100 per queue a call.
+# tiers' queues and enqueue times, in pairs), atomically: at most 100 per queue a call.
 EXPIRE_QUEUED = """
 local expired = {}
-for _, queue in ipairs(KEYS) do
-  local ids = redis.call('ZRANGEBYSCORE', queue, '-inf', ARGV[1], 'LIMIT', 0, 100)
+for i = 1, #KEYS, 2 do
+  local ids = redis.call('ZRANGEBYSCORE', KEYS[i + 1], '-inf', ARGV[1], 'LIMIT', 0, 100)
   for _, id in ipairs(ids) do
-    redis.call('ZREM', queue, id)
-    expired[#expired + 1] = id
+    redis.call('ZREM', KEYS[i + 1], id)
+    if redis.call('ZREM', KEYS[i], id) == 1 then
+      expired[#expired + 1] = id
+    end
   end
 end
 return expired
@@ -172,6 +223,11 @@ class Job:
         """What the answer may hold in the worker's KV cache at most: its prompt and answer."""
         return self.prompt_tokens + self.max_tokens
 
+    @property
+    def fair_cost(self) -> int:
+        """What the request costs its user in the fair queue: the tokens it may take."""
+        return max(1, self.kv_tokens)
+
     def to_fields(self) -> dict[str, str]:
         return {
             "generation_id": self.generation_id,
@@ -212,6 +268,20 @@ class Job:
         )
 
 
+def claim_keys(pool: str, tiers: list[str]) -> list[str]:
+    """The keys `CLAIM` takes to claim from `tiers` of `pool`, best first."""
+    return [
+        key
+        for tier in tiers
+        for key in (queue_key(pool, tier), queued_at_key(pool, tier), fair_key(pool, tier))
+    ]
+
+
+def expire_keys(pool: str, tiers: list[str]) -> list[str]:
+    """The keys `EXPIRE_QUEUED` takes to expire what waits in `tiers` of `pool`."""
+    return [key for tier in tiers for key in (queue_key(pool, tier), queued_at_key(pool, tier))]
+
+
 def enqueue(redis: Redis, job: Job) -> None:
     """Put `job` in its queue and tell the schedulers there is work."""
     fields = job.to_fields()
@@ -220,12 +290,16 @@ def enqueue(redis: Redis, job: Job) -> None:
         flat += [name, value]
     redis.eval(
         ENQUEUE,
-        2,
+        4,
         job_key(job.generation_id),
         queue_key(job.pool, job.tier),
+        queued_at_key(job.pool, job.tier),
+        fair_key(job.pool, job.tier),
         str(job.enqueued_ms),
         job.generation_id,
         str(JOB_TTL_SECONDS),
+        str(job.user_id),
+        str(job.fair_cost),
         *flat,
     )
     redis.publish(wake_channel(), job.pool)
@@ -233,7 +307,11 @@ def enqueue(redis: Redis, job: Job) -> None:
 
 def unqueue(redis: Redis, *, pool: str, tier: str, generation_id: str) -> bool:
     """Take a generation out of its queue; True if it was still waiting there."""
-    return bool(redis.eval(UNQUEUE, 1, queue_key(pool, tier), generation_id))
+    return bool(
+        redis.eval(
+            UNQUEUE, 2, queue_key(pool, tier), queued_at_key(pool, tier), generation_id
+        )
+    )
 
 
 def request_cancel(redis: Redis, generation_id: str) -> None:

@@ -8,9 +8,11 @@ of a replica that dies lapse by themselves.
 Admission is the schedulers' own accounting of what they have sent, checked at the moment a
 generation is placed: at most the worker's `max_concurrency` leases, and at most the tokens
 its KV cache holds (`vllm:cache_config_info`; times `SCHEDULER_KV_OVERCOMMIT`), counting each
-lease as its prompt plus its `max_tokens`. Within that vLLM's continuous batching and its
-priority order do the rest; no reading of vLLM's queue, which is a second old, holds work
-back.
+lease as its prompt plus its `max_tokens`. Each tier may fill its share of that room
+(`SCHEDULER_TIER_SHARE`): free answers stop short and leave headroom that only paid answers
+take, and pro answers may go past it, for vLLM's priority scheduling to serve first. Within
+that vLLM's continuous batching and its priority order do the rest; no reading of vLLM's
+queue, which is a second old, holds work back.
 
 Placement asks the configured policy (`placement.py`) with the facts read here: the loads,
 the prompt tokens each worker's KV cache already holds (`prefix.py`), the prompt tokens placed
@@ -104,16 +106,30 @@ class WorkerView:
     def capacity_blocks(self) -> int:
         return self.load.num_gpu_blocks if self.load is not None else 0
 
-    def has_room(self) -> bool:
-        """Room for one more lease, as far as this replica counted; the lease's Lua step
-        decides, with every replica's leases and the KV budget."""
-        return self.state == Worker.State.HEALTHY and self.leases < self.max_concurrency
+    def has_room(self, tier: str | None = None) -> bool:
+        """Room for one more lease of `tier` (of the tier with the largest share if None), as
+        far as this replica counted; the lease's Lua step decides, with every replica's
+        leases and the KV budget."""
+        return self.state == Worker.State.HEALTHY and self.leases < self.lease_limit(tier)
 
-    def token_budget(self) -> int:
-        """The tokens its leases may hold at once; 0 where the worker does not report its KV
-        cache (then only `max_concurrency` bounds it)."""
+    def lease_limit(self, tier: str | None = None) -> int:
+        """The leases on it past which `tier`'s answers wait; an idle worker takes one."""
+        return max(1, int(self.max_concurrency * tier_share(tier) + 0.5))
+
+    def token_budget(self, tier: str | None = None) -> int:
+        """The tokens its leases may hold at once when `tier`'s answer comes; 0 where the
+        worker does not report its KV cache (then only its lease limit bounds it)."""
         capacity = self.load.kv_capacity_tokens if self.load is not None else 0
-        return int(capacity * settings.SCHEDULER_KV_OVERCOMMIT)
+        return int(capacity * settings.SCHEDULER_KV_OVERCOMMIT * tier_share(tier))
+
+
+def tier_share(tier: str | None) -> float:
+    """The share of a worker's room `tier`'s answers may fill (`SCHEDULER_TIER_SHARE`); with
+    no tier, the largest share, i.e. the room any answer could still take."""
+    shares: dict[str, float] = settings.SCHEDULER_TIER_SHARE
+    if tier is None:
+        return max([1.0, *shares.values()])
+    return shares.get(tier, 1.0)
 
 
 @dataclass
@@ -249,11 +265,11 @@ class Capacity:
         )
 
     async def acquire(
-        self, placement: Placement, generation_id: str, *, tokens: int = 0
+        self, placement: Placement, generation_id: str, *, tokens: int = 0, tier: str = ""
     ) -> Admitted | None:
-        """A lease on the placement's worker for a generation whose prompt and answer take
-        `tokens`; None if it has no room. The index learns that the worker now holds the
-        prompt."""
+        """A lease on the placement's worker for a generation of `tier` whose prompt and
+        answer take `tokens`; None if the tier's share of the worker is full (with no tier,
+        the whole worker). The index learns that the worker now holds the prompt."""
         view = placement.view
         admitted = Admitted(
             worker_id=view.id,
@@ -268,11 +284,11 @@ class Capacity:
             queue.lease_tokens_key(view.id),
             queue.prefill_key(view.id),
             str(now),
-            str(view.max_concurrency),
+            str(view.lease_limit(tier)),
             str(now + queue.LEASE_SECONDS * 1000),
             generation_id,
             str(max(0, tokens)),
-            str(view.token_budget()),
+            str(view.token_budget(tier)),
             str(placement.uncached_tokens),
         )
         if not ok:

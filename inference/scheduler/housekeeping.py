@@ -94,12 +94,8 @@ class Housekeeping:
         deadline = queue.now_ms() - settings.SCHEDULER_MAX_QUEUE_SECONDS * 1000
         tiers = queue.tiers_best_first()
         for pool in self.capacity.active_pools:
-            ids = await self.redis.eval(
-                queue.EXPIRE_QUEUED,
-                len(tiers),
-                *(queue.queue_key(pool, tier) for tier in tiers),
-                str(deadline),
-            )
+            keys = queue.expire_keys(pool, tiers)
+            ids = await self.redis.eval(queue.EXPIRE_QUEUED, len(keys), *keys, str(deadline))
             for generation_id in ids:
                 await sync_to_async(services.generation_finish)(
                     generation_id=generation_id,

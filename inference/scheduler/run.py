@@ -330,7 +330,9 @@ class Runs:
             return False
         others = await self.capacity.candidates(run.job.pool, exclude=run.tried)
         for placement in await self.capacity.place(run.job, others):
-            admitted = await self.capacity.acquire(placement, gid, tokens=run.job.kv_tokens)
+            admitted = await self.capacity.acquire(
+                placement, gid, tokens=run.job.kv_tokens, tier=run.job.tier
+            )
             if admitted:
                 view = placement.view
                 run.worker = view

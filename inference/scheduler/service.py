@@ -241,10 +241,20 @@ class Scheduler:
             candidates = await self.capacity.candidates(pool)
             if not candidates:
                 continue
+            # Only the tiers some worker has room for: free answers wait while the headroom
+            # kept for paid ones is all that is left.
+            tiers = [
+                tier
+                for tier in queue.tiers_best_first()
+                if any(view.has_room(tier) for view in candidates)
+            ]
+            if not tiers:
+                continue
+            keys = queue.claim_keys(pool, tiers)
             claimed = await self.redis.eval(
                 queue.CLAIM,
-                len(queue.tiers_best_first()),
-                *(queue.queue_key(pool, tier) for tier in queue.tiers_best_first()),
+                len(keys),
+                *keys,
                 queue.job_key(""),
                 self.replica_id,
                 str(queue.now_ms()),
@@ -252,11 +262,11 @@ class Scheduler:
             if not claimed:
                 continue
             # The job comes with its claim: no second round trip to read it.
-            generation_id, queue_name, flat = claimed
+            generation_id, queue_name, score, flat = claimed
             job = queue.Job.from_fields(dict(zip(flat[::2], flat[1::2], strict=True)))
             for placement in await self.capacity.place(job, candidates):
                 admitted = await self.capacity.acquire(
-                    placement, generation_id, tokens=job.kv_tokens
+                    placement, generation_id, tokens=job.kv_tokens, tier=job.tier
                 )
                 if admitted:
                     run = self.runs.new(job, placement, admitted)
@@ -265,9 +275,18 @@ class Scheduler:
                     dispatched = True
                     break
             else:
-                # Every candidate filled up meanwhile (another replica): back in line, same place.
-                await self.redis.zadd(queue_name, {generation_id: job.enqueued_ms})
-                await self.redis.hdel(queue.job_key(generation_id), "owner")
+                # Every candidate filled up meanwhile (another replica), or the tier's share
+                # of each is full in tokens: back in line, same place.
+                await self.redis.eval(
+                    queue.REQUEUE,
+                    3,
+                    queue_name,
+                    queue.queued_at_key(pool, job.tier),
+                    queue.job_key(generation_id),
+                    score,
+                    str(job.enqueued_ms),
+                    generation_id,
+                )
         return dispatched
 
     async def _serve(self, run: Run) -> None:

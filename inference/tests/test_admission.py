@@ -122,3 +122,56 @@ async def test_a_released_lease_wakes_every_replica(capacity: Capacity) -> None:
         await listener.aclose()
     assert message is not None and message["channel"] == queue.wake_channel()
     assert await capacity.redis.zcard(queue.lease_key(worker.id)) == 0
+
+
+# Each tier fills its share of a worker: free stops short, paid takes the headroom.
+
+SHARES = {"pro": 1.25, "plus": 1.0, "free": 0.75}
+
+
+async def test_free_answers_leave_a_share_of_the_kv_budget_to_paid_ones(
+    capacity: Capacity, settings: Any
+) -> None:
+    settings.SCHEDULER_KV_OVERCOMMIT = 1.0
+    settings.SCHEDULER_TIER_SHARE = SHARES
+    worker = view(capacity_tokens=1000)
+    for name in ("f1", "f2", "f3"):
+        assert await capacity.acquire(on(worker), name, tokens=250, tier="free")
+    assert not await capacity.acquire(on(worker), "f4", tokens=1, tier="free")
+    # The last quarter is the paid tiers' ...
+    assert await capacity.acquire(on(worker), "plus", tokens=250, tier="plus")
+    assert not await capacity.acquire(on(worker), "plus2", tokens=1, tier="plus")
+    # ... and pro may go past the budget, for vLLM's priority scheduling to serve first.
+    assert await capacity.acquire(on(worker), "pro", tokens=250, tier="pro")
+    assert not await capacity.acquire(on(worker), "pro2", tokens=1, tier="pro")
+
+
+async def test_free_answers_leave_a_share_of_the_leases_to_paid_ones(
+    capacity: Capacity, settings: Any
+) -> None:
+    settings.SCHEDULER_TIER_SHARE = SHARES
+    worker = view(capacity_tokens=0, max_concurrency=4)
+    assert (worker.lease_limit("free"), worker.lease_limit("pro"), worker.lease_limit()) == (
+        3,
+        5,
+        5,
+    )
+    for name in ("f1", "f2", "f3"):
+        assert await capacity.acquire(on(worker), name, tier="free")
+    assert not await capacity.acquire(on(worker), "f4", tier="free")
+    capacity.workers = {worker.id: worker}
+    # Room for paid answers still shows the worker as a candidate, not for free ones.
+    [candidate] = await capacity.candidates("p")
+    assert not candidate.has_room("free") and candidate.has_room("plus")
+    assert await capacity.acquire(on(worker), "plus", tier="plus")
+    assert await capacity.acquire(on(worker), "pro", tier="pro")
+    assert not await capacity.acquire(on(worker), "pro2", tier="pro")
+
+
+async def test_an_idle_worker_takes_a_free_answer_whatever_its_size(
+    capacity: Capacity, settings: Any
+) -> None:
+    settings.SCHEDULER_TIER_SHARE = SHARES
+    worker = view(capacity_tokens=1000, max_concurrency=1)
+    assert worker.lease_limit("free") == 1
+    assert await capacity.acquire(on(worker), "alone", tokens=900, tier="free")

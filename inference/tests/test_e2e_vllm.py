@@ -5,6 +5,8 @@ Started once per session (about 40 s); `make test` and CI run these.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
@@ -13,6 +15,7 @@ from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from conversations.turns import Turn, turn_send
 from inference import services
+from billing.tests.factories import subscribe
 from inference.models import Generation, ModelPool, Worker
 
 from .fixtures import RealWorker, finished, running_schedulers, stream_events, wait_for
@@ -28,11 +31,15 @@ SYSTEM_PROMPT = (
 ) * 3
 
 
-def _register(workers: list[RealWorker]) -> ModelPool:
+def _register(workers: list[RealWorker], max_concurrency: int = 256) -> ModelPool:
     pool = ModelPool.objects.create(name="smollm2-135m", served_model="smollm2-135m")
     for index, worker in enumerate(workers):
         Worker.objects.create(
-            pool=pool, name=f"vllm-{index}", url=worker.url, state=Worker.State.HEALTHY
+            pool=pool,
+            name=f"vllm-{index}",
+            url=worker.url,
+            state=Worker.State.HEALTHY,
+            max_concurrency=max_concurrency,
         )
     return pool
 
@@ -129,3 +136,50 @@ async def test_cancel_stops_the_request_inside_vllm(
     assert generation.message.status == Message.Status.CANCELLED
     assert generation.message.content  # the text produced so far is kept
     assert generation.output_tokens is not None and generation.output_tokens < 512
+
+
+async def test_in_a_surge_paid_answers_overtake_the_free_queue(
+    user: User, real_workers: list[RealWorker], settings: Any
+) -> None:
+    settings.SCHEDULER_TIER_SHARE = {"pro": 1.25, "plus": 1.0, "free": 0.75}
+    settings.SCHEDULER_MAX_QUEUE_SECONDS = 120
+    # One worker that takes four answers: three may be free ones, the fourth and fifth paid.
+    await register(real_workers[:1], max_concurrency=4)
+    await sync_to_async(subscribe)(user, tier="free", max_output_tokens=400)
+    pro_user = await User.objects.acreate(username="pro-user")
+    await sync_to_async(subscribe)(pro_user, tier="pro", max_output_tokens=16)
+    story = "Write a very long story about a baker, with many chapters."
+    free = [await send(user, story) for _ in range(8)]
+    async with running_schedulers():
+
+        async def free_running() -> bool:
+            ids = [turn.generation.id for turn in free]
+            running = Generation.objects.filter(pk__in=ids, admitted_at__isnull=False)
+            return await running.acount() >= 3
+
+        await wait_for(free_running, within=120)
+        paid = [await send(pro_user, "When does the bakery open?") for _ in range(2)]
+        for turn in paid:
+            await wait_for(lambda turn=turn: finished(turn.generation.id), within=120)
+        for turn in free:
+            await sync_to_async(services.generation_cancel)(generation=turn.generation)
+        for turn in free:
+            await wait_for(lambda turn=turn: finished(turn.generation.id), within=60)
+
+    pro = [await Generation.objects.aget(pk=turn.generation.id) for turn in paid]
+    assert all(g.status == Generation.Status.COMPLETE for g in pro), [g.error_message for g in pro]
+    admitted_by = max(g.admitted_at for g in pro if g.admitted_at is not None)
+    free_rows = [await Generation.objects.aget(pk=turn.generation.id) for turn in free]
+    # The paid answers went ahead of the free ones sent before them, which waited (or were
+    # cancelled while they waited): five were queued behind the free share when the paid
+    # ones came; a free answer or two ending in the moment between would let one more in.
+    overtaken = [g for g in free_rows if g.admitted_at is None or g.admitted_at > admitted_by]
+    assert len(overtaken) >= 3
+    for generation in overtaken:
+        names = [name for name, _ in await sync_to_async(stream_events)(generation.id)]
+        assert "queue" in names  # each was told its place in line
+    # No error but cancellation: the surge was served or waited.
+    assert {g.status for g in free_rows} <= {
+        Generation.Status.COMPLETE,
+        Generation.Status.CANCELLED,
+    }
