@@ -308,9 +308,7 @@ def enqueue(redis: Redis, job: Job) -> None:
 def unqueue(redis: Redis, *, pool: str, tier: str, generation_id: str) -> bool:
     """Take a generation out of its queue; True if it was still waiting there."""
     return bool(
-        redis.eval(
-            UNQUEUE, 2, queue_key(pool, tier), queued_at_key(pool, tier), generation_id
-        )
+        redis.eval(UNQUEUE, 2, queue_key(pool, tier), queued_at_key(pool, tier), generation_id)
     )
 
 

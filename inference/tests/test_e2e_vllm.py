@@ -5,17 +5,18 @@ Started once per session (about 40 s); `make test` and CI run these.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 
+from billing.tests.factories import subscribe
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from conversations.turns import Turn, turn_send
 from inference import services
-from billing.tests.factories import subscribe
 from inference.models import Generation, ModelPool, Worker
 
 from .fixtures import RealWorker, finished, running_schedulers, stream_events, wait_for
@@ -160,17 +161,21 @@ async def test_in_a_surge_paid_answers_overtake_the_free_queue(
         await wait_for(free_running, within=120)
         paid = [await send(pro_user, "When does the bakery open?") for _ in range(2)]
         for turn in paid:
-            await wait_for(lambda turn=turn: finished(turn.generation.id), within=120)
+            await wait_for(partial(finished, turn.generation.id), within=120)
         for turn in free:
             await sync_to_async(services.generation_cancel)(generation=turn.generation)
         for turn in free:
-            await wait_for(lambda turn=turn: finished(turn.generation.id), within=60)
+            await wait_for(partial(finished, turn.generation.id), within=60)
 
     pro = [await Generation.objects.aget(pk=turn.generation.id) for turn in paid]
     assert all(g.status == Generation.Status.COMPLETE for g in pro), [g.error_message for g in pro]
     admitted_by = max(g.admitted_at for g in pro if g.admitted_at is not None)
     free_rows = [await Generation.objects.aget(pk=turn.generation.id) for turn in free]
-    # The paid answers went ahead of the free ones sent before them, which waited (or were
+    # The paid answers did not wait for a free one to end: the headroom above the free share
+    # took them while the free answers ran ...
+    first_free_end = min(g.finished_at for g in free_rows if g.finished_at is not None)
+    assert admitted_by < first_free_end
+    # ... and they went ahead of the free ones sent before them, which waited (or were
     # cancelled while they waited): five were queued behind the free share when the paid
     # ones came; a free answer or two ending in the moment between would let one more in.
     overtaken = [g for g in free_rows if g.admitted_at is None or g.admitted_at > admitted_by]

@@ -1,0 +1,372 @@
+"""A surge of free and paid sends at once, past what the workers can hold: who waits, who is
+served, and what the paid tier's first token costs against its unloaded value.
+
+Per side (a setting of `SCHEDULER_TIER_SHARE`, the share of a worker each tier may fill):
+
+1. Unloaded: `--unloaded` pro sends, one at a time, on idle workers: the paid TTFT a surge
+   is measured against.
+2. Surge: `--free` free sends, then `--pro` pro sends, all at once through the real service
+   code (`conversations.turns.turn_send`, the Redis queue, an in-process scheduler replica,
+   the workers). Each worker takes `--concurrency` answers, so the surge is several times
+   what the fleet holds. `--cancel` of the free answers are cancelled by their users a
+   second after the surge, wherever they are by then (those already answered stay answered).
+
+TTFT is the generation's first token time minus its enqueue time, as the scheduler records
+them. Reported per tier: TTFT p50/p99, what ended how, the longest line a waiting answer was
+told about (its queue position), and the paid p99 over its unloaded p99 (the issue's target:
+at most 2). For the cancelled answers: how many had reached a worker (the others cost the
+workers nothing) and the output tokens the workers spent on them.
+
+The sides: `even` (every tier may fill the whole worker: admission as before tier shares)
+and `tiered` (the defaults: free 0.75, plus 1.0, pro 1.25), alternated per `--rounds`.
+
+    DATABASE_URL=postgres://postgres@127.0.0.1:5432/chatsite_surge_bench \\
+    REDIS_URL=redis://127.0.0.1:6379/6 SECRET_KEY=x \\
+    .venv/bin/python benchmarks/surge.py --workers http://127.0.0.1:8201,http://127.0.0.1:8202
+
+The workers are started beforehand (`manage.py run_worker --port P --cpus N`). It prints one
+table and writes it to benchmarks/results/surge-<UTC date-time>.txt.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import secrets
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from benchmarks.common import (  # noqa: E402
+    django_start,
+    percentile,
+    prepare_stores,
+    render,
+    write_result,
+)
+from benchmarks.scheduler_affinity import QUESTIONS, SYSTEM_HEAD  # noqa: E402
+
+DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_surge_bench"
+DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/6"
+SIDES = {
+    "even": {"pro": 1.0, "plus": 1.0, "free": 1.0},
+    "tiered": {"pro": 1.25, "plus": 1.0, "free": 0.75},
+}
+
+
+@dataclass
+class TierOutcome:
+    ttft_ms: list[float] = field(default_factory=list)
+    statuses: dict[str, int] = field(default_factory=dict)
+    longest_line: int = 0
+
+
+@dataclass
+class Outcome:
+    side: str
+    round: int
+    unloaded_ms: list[float]
+    tiers: dict[str, TierOutcome]
+    cancelled_reached: int = 0
+    cancelled_waiting: int = 0
+    cancelled_tokens: int = 0
+    seconds: float = 0.0
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--workers", required=True, help="comma-separated vLLM worker URLs")
+    parser.add_argument("--sides", default="even,tiered", help=f"of {', '.join(SIDES)}")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--free", type=int, default=60)
+    parser.add_argument("--pro", type=int, default=15)
+    parser.add_argument("--cancel", type=int, default=10, help="free answers cancelled")
+    parser.add_argument("--unloaded", type=int, default=6)
+    parser.add_argument("--concurrency", type=int, default=8, help="answers per worker")
+    parser.add_argument("--max-tokens", type=int, default=64)
+    parser.add_argument("--max-queue", type=int, default=120, help="seconds an answer may wait")
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
+    args = parser.parse_args(argv)
+    for side in args.sides.split(","):
+        if side not in SIDES:
+            parser.error(f"unknown side {side!r}")
+    return args
+
+
+def make_fleet(urls: list[str], model: str, args: argparse.Namespace, label: str) -> Any:
+    from inference.models import ModelPool, Worker
+
+    Worker.objects.filter(url__in=urls).delete()
+    ModelPool.objects.filter(name__startswith="surge-").update(is_active=False)
+    pool = ModelPool.objects.create(
+        name=f"surge-{label}", served_model=model, max_output_tokens=args.max_tokens
+    )
+    for index, url in enumerate(urls):
+        Worker.objects.create(
+            pool=pool,
+            name=f"{pool.name}-w{index}",
+            url=url,
+            state=Worker.State.HEALTHY,
+            max_concurrency=args.concurrency,
+        )
+    return pool
+
+
+def make_user(name: str, tier: str, max_tokens: int) -> Any:
+    from django.contrib.auth.models import User
+
+    from billing.models import Plan
+    from billing.services import subscription_set
+
+    user = User.objects.create_user(username=name)
+    plan, _ = Plan.objects.get_or_create(
+        slug=f"surge-{tier}",
+        defaults={
+            "name": f"Surge {tier}",
+            "tier": tier,
+            "monthly_price_micros": 0,
+            "requests_per_minute": 100_000,
+            "tokens_per_minute": 100_000_000,
+            "max_concurrent": 1_000,
+            "max_output_tokens": max_tokens,
+            "message_cap": 1_000_000,
+            "message_cap_window_seconds": 3_600,
+        },
+    )
+    subscription_set(user=user, plan=plan)
+    return user
+
+
+def send(user: Any, pool: Any, system_prompt: str, question: str) -> str:
+    from conversations.services import conversation_create
+    from conversations.turns import turn_send
+
+    conversation = conversation_create(owner=user, model=pool.name, system_prompt=system_prompt)
+    return str(turn_send(user=user, conversation=conversation, content=question).generation.id)
+
+
+def cancel(generation_id: str) -> None:
+    from inference import services
+    from inference.models import Generation
+
+    services.generation_cancel(generation=Generation.objects.get(pk=generation_id))
+
+
+def rows_of(ids: list[str]) -> list[Any]:
+    from inference.models import Generation
+
+    return list(Generation.objects.filter(pk__in=ids))
+
+
+def longest_line(generation_id: str) -> int:
+    import json
+
+    from chatsite.redis import sync_redis
+    from inference import queue
+
+    redis = sync_redis()
+    try:
+        entries: list[tuple[str, dict[str, str]]] = redis.xrange(  # type: ignore[assignment]
+            queue.stream_key(generation_id)
+        )
+    finally:
+        redis.close()
+    positions = [
+        json.loads(fields["data"])["position"]
+        for _, fields in entries
+        if fields["event"] == "queue"
+    ]
+    return max(positions, default=0)
+
+
+def ttft_ms(row: Any) -> float | None:
+    if row.first_token_at is None:
+        return None
+    return (row.first_token_at - row.enqueued_at).total_seconds() * 1000
+
+
+async def wait_final(ids: list[str], *, within: float) -> None:
+    from asgiref.sync import sync_to_async
+
+    from inference.models import Generation
+
+    async with asyncio.timeout(within):
+        while True:
+            left = await sync_to_async(
+                Generation.objects.filter(pk__in=ids)
+                .exclude(status__in=Generation.FINAL_STATUSES)
+                .count
+            )()
+            if left == 0:
+                return
+            await asyncio.sleep(0.2)
+
+
+async def run_side(
+    side: str, round_: int, args: argparse.Namespace, urls: list[str], model: str
+) -> Outcome:
+    from asgiref.sync import sync_to_async
+    from django.conf import settings
+
+    from inference.models import Generation
+    from inference.scheduler import Scheduler
+
+    settings.SCHEDULER_TIER_SHARE = SIDES[side]
+    tag = secrets.token_hex(4)
+    pool = await sync_to_async(make_fleet)(urls, model, args, f"{side}-{tag}")
+    free_user = await sync_to_async(make_user)(f"surge-free-{tag}", "free", args.max_tokens)
+    pro_user = await sync_to_async(make_user)(f"surge-pro-{tag}", "pro", args.max_tokens)
+    rng = random.Random(args.seed + round_)
+    # One system prompt per run and side, so no side finds another's blocks cached.
+    system_prompt = f"Session {tag}. {SYSTEM_HEAD}"
+
+    def question(index: int) -> str:
+        return f"I am member {index}. {QUESTIONS[rng.randrange(len(QUESTIONS))]}"
+
+    scheduler = Scheduler(replica_id=f"surge-{side}-{tag}")
+    task = asyncio.create_task(scheduler.run())
+    loop = asyncio.get_running_loop()
+    try:
+        async with asyncio.timeout(60):
+            while sum(v.load is not None for v in scheduler.workers.values()) < len(urls):
+                if task.done():
+                    await task
+                    raise SystemExit("the scheduler stopped while starting")
+                await asyncio.sleep(0.05)
+        unloaded: list[str] = []
+        for index in range(args.unloaded):
+            gid = await sync_to_async(send)(pro_user, pool, system_prompt, question(index))
+            await wait_final([gid], within=120)
+            unloaded.append(gid)
+        started = loop.time()
+        free = [
+            await sync_to_async(send)(free_user, pool, system_prompt, question(1000 + i))
+            for i in range(args.free)
+        ]
+        pro = [
+            await sync_to_async(send)(pro_user, pool, system_prompt, question(2000 + i))
+            for i in range(args.pro)
+        ]
+        await asyncio.sleep(1.0)
+        cancelled = rng.sample(free, min(args.cancel, len(free)))
+        for gid in cancelled:
+            await sync_to_async(cancel)(gid)
+        await wait_final(free + pro, within=args.max_queue + 600)
+        seconds = loop.time() - started
+    finally:
+        scheduler.stop()
+        await task
+    outcome = Outcome(side=side, round=round_, unloaded_ms=[], tiers={}, seconds=seconds)
+    for row in await sync_to_async(rows_of)(unloaded):
+        if (ms := ttft_ms(row)) is not None:
+            outcome.unloaded_ms.append(ms)
+    for tier, ids in (("free", free), ("pro", pro)):
+        tier_outcome = outcome.tiers.setdefault(tier, TierOutcome())
+        for row in await sync_to_async(rows_of)(ids):
+            tier_outcome.statuses[row.status] = tier_outcome.statuses.get(row.status, 0) + 1
+            was_cancelled = row.status == Generation.Status.CANCELLED
+            if not was_cancelled and (ms := ttft_ms(row)) is not None:
+                tier_outcome.ttft_ms.append(ms)
+            line = await sync_to_async(longest_line)(str(row.id))
+            tier_outcome.longest_line = max(tier_outcome.longest_line, line)
+            if was_cancelled:
+                if row.admitted_at is None:
+                    outcome.cancelled_waiting += 1
+                else:
+                    outcome.cancelled_reached += 1
+                    outcome.cancelled_tokens += row.output_tokens or 0
+    return outcome
+
+
+def table(outcomes: list[Outcome]) -> str:
+    headers = [
+        "side",
+        "round",
+        "pro unloaded p50/p99",
+        "pro p50",
+        "pro p99",
+        "pro p99 / unloaded",
+        "free p50",
+        "free p99",
+        "longest line",
+        "pro ended",
+        "free ended",
+        "cancelled: waiting / reached (tokens)",
+        "s",
+    ]
+    rows = []
+    for o in outcomes:
+        unloaded_p99 = percentile(o.unloaded_ms, 99)
+        pro, free = o.tiers["pro"], o.tiers["free"]
+        rows.append(
+            [
+                o.side,
+                str(o.round),
+                f"{percentile(o.unloaded_ms, 50):,.0f} / {unloaded_p99:,.0f}",
+                f"{percentile(pro.ttft_ms, 50):,.0f}",
+                f"{percentile(pro.ttft_ms, 99):,.0f}",
+                f"{percentile(pro.ttft_ms, 99) / unloaded_p99:.2f}",
+                f"{percentile(free.ttft_ms, 50):,.0f}",
+                f"{percentile(free.ttft_ms, 99):,.0f}",
+                str(max(pro.longest_line, free.longest_line)),
+                ended(pro.statuses),
+                ended(free.statuses),
+                f"{o.cancelled_waiting} / {o.cancelled_reached} ({o.cancelled_tokens})",
+                f"{o.seconds:.0f}",
+            ]
+        )
+    return render(headers, rows)
+
+
+def ended(statuses: dict[str, int]) -> str:
+    return " ".join(f"{name}={count}" for name, count in sorted(statuses.items()))
+
+
+async def benchmark(args: argparse.Namespace) -> str:
+    urls = [url.strip().rstrip("/") for url in args.workers.split(",") if url.strip()]
+    async with httpx.AsyncClient(timeout=10) as http:
+        response = await http.get(f"{urls[0]}/v1/models")
+        response.raise_for_status()
+        model = str(response.json()["data"][0]["id"])
+    outcomes = []
+    for round_ in range(1, args.rounds + 1):
+        for side in args.sides.split(","):
+            outcomes.append(await run_side(side, round_, args, urls, model))
+            print(f"{side} round {round_} done", flush=True)
+    header = (
+        f"Surge: {args.free} free + {args.pro} pro sends at once on {len(urls)} worker(s) of "
+        f"{args.concurrency} answers each, {args.max_tokens} tokens per answer, "
+        f"{args.cancel} free cancelled after 1 s; TTFT in ms from enqueue (scheduler's record)."
+    )
+    return header + "\n\n" + table(outcomes)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    django_start(database_url=DEFAULT_DATABASE_URL, redis_url=DEFAULT_REDIS_URL)
+    import logging
+
+    from django.conf import settings
+
+    settings.INFERENCE_WORKERS = []
+    settings.SCHEDULER_MAX_QUEUE_SECONDS = args.max_queue
+    logging.getLogger("inference").setLevel(logging.WARNING)
+    prepare_stores()
+    text = asyncio.run(benchmark(args))
+    print(text)
+    path = write_result(Path(args.results), "surge", text)
+    print(f"\nwritten to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
