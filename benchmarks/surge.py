@@ -5,10 +5,11 @@ Per side (a setting of `SCHEDULER_TIER_SHARE`, the share of a worker each tier m
 
 1. Unloaded: `--unloaded` pro sends, one at a time, on idle workers: the paid TTFT a surge
    is measured against.
-2. Surge: `--free` free sends, then `--pro` pro sends, all at once through the real service
-   code (`conversations.turns.turn_send`, the Redis queue, an in-process scheduler replica,
-   the workers). Each worker takes `--concurrency` answers, so the surge is several times
-   what the fleet holds. `--cancel` of the free answers are cancelled by their users a
+2. Surge: `--free` free sends, and `--pro-after` seconds later `--pro` pro sends, each burst
+   as fast as the service takes it (eight sends at a time), through the real service code
+   (`conversations.turns.turn_send`, the Redis queue, an in-process scheduler replica, the
+   workers). Each worker takes `--concurrency` answers, so the surge is several times what
+   the fleet holds. `--cancel` of the free answers are cancelled by their users a
    second after the surge, wherever they are by then (those already answered stay answered).
 
 TTFT is the generation's first token time minus its enqueue time, as the scheduler records
@@ -36,6 +37,7 @@ import random
 import secrets
 import sys
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -88,6 +90,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--free", type=int, default=60)
     parser.add_argument("--pro", type=int, default=15)
+    parser.add_argument("--pro-after", type=float, default=0.5, help="s after the free burst")
     parser.add_argument("--cancel", type=int, default=10, help="free answers cancelled")
     parser.add_argument("--unloaded", type=int, default=6)
     parser.add_argument("--concurrency", type=int, default=8, help="answers per worker")
@@ -146,12 +149,42 @@ def make_user(name: str, tier: str, max_tokens: int) -> Any:
     return user
 
 
-def send(user: Any, pool: Any, system_prompt: str, question: str) -> str:
+def open_conversation(user: Any, pool: Any, system_prompt: str) -> Any:
     from conversations.services import conversation_create
+
+    return conversation_create(owner=user, model=pool.name, system_prompt=system_prompt)
+
+
+def send_in(user: Any, conversation: Any, question: str) -> str:
+    from django.db import close_old_connections
+
     from conversations.turns import turn_send
 
-    conversation = conversation_create(owner=user, model=pool.name, system_prompt=system_prompt)
-    return str(turn_send(user=user, conversation=conversation, content=question).generation.id)
+    try:
+        return str(turn_send(user=user, conversation=conversation, content=question).generation.id)
+    finally:
+        close_old_connections()
+
+
+def send(user: Any, pool: Any, system_prompt: str, question: str) -> str:
+    return send_in(user, open_conversation(user, pool, system_prompt), question)
+
+
+async def burst(user: Any, pool: Any, system_prompt: str, questions: list[str]) -> list[str]:
+    """One send per question, each in a new conversation, as many at once as the service
+    takes them (the conversations are opened beforehand)."""
+    from asgiref.sync import sync_to_async
+
+    conversations = [
+        await sync_to_async(open_conversation)(user, pool, system_prompt) for _ in questions
+    ]
+    loop = asyncio.get_running_loop()
+    with ThreadPoolExecutor(max_workers=8) as pool_of_threads:
+        sends = [
+            loop.run_in_executor(pool_of_threads, send_in, user, conversation, question)
+            for conversation, question in zip(conversations, questions, strict=True)
+        ]
+        return list(await asyncio.gather(*sends))
 
 
 def cancel(generation_id: str) -> None:
@@ -248,14 +281,12 @@ async def run_side(
             await wait_final([gid], within=120)
             unloaded.append(gid)
         started = loop.time()
-        free = [
-            await sync_to_async(send)(free_user, pool, system_prompt, question(1000 + i))
-            for i in range(args.free)
-        ]
-        pro = [
-            await sync_to_async(send)(pro_user, pool, system_prompt, question(2000 + i))
-            for i in range(args.pro)
-        ]
+        free_questions = [question(1000 + i) for i in range(args.free)]
+        pro_questions = [question(2000 + i) for i in range(args.pro)]
+        free_task = asyncio.create_task(burst(free_user, pool, system_prompt, free_questions))
+        await asyncio.sleep(args.pro_after)
+        pro = await burst(pro_user, pool, system_prompt, pro_questions)
+        free = await free_task
         await asyncio.sleep(1.0)
         cancelled = rng.sample(free, min(args.cancel, len(free)))
         for gid in cancelled:
