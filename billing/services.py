@@ -218,7 +218,9 @@ def usage_record(*, generation: Generation, now: int | None = None) -> None:
         raise ValueError("usage is recorded once a generation is final")
     held = quota.held(user_id=generation.user_id, reservation_id=str(generation.id))
     prompt, output = _charged(generation, held)
-    price = pool_price(pool_id=generation.pool_id)
+    # Priced as the pool that answered (a fallback's, when the overload policy sent it
+    # there); counted against the plan's limits of the pool asked for, where it was reserved.
+    price = pool_price(pool_id=generation.served_pool_id or generation.pool_id)
     input_price = price.input_micros_per_million if price else 0
     output_price = price.output_micros_per_million if price else 0
     plan = plan_of(user_id=generation.user_id)

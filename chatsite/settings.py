@@ -294,6 +294,11 @@ INFERENCE_REDIS_PREFIX = os.environ.get("INFERENCE_REDIS_PREFIX", "cs")
 INFERENCE_TIER_PRIORITY = {"pro": 0, "plus": 5, "free": 10}
 DEFAULT_TIER = os.environ.get("DEFAULT_TIER", "free")
 SCHEDULER_MAX_QUEUE_SECONDS = env_int("SCHEDULER_MAX_QUEUE_SECONDS", 20)
+# The overload policy: answers of these tiers that waited this long in a pool whose fallback
+# (a smaller pool, `ModelPool.fallback`) has workers go to the fallback's queue instead; the
+# answer says so. 0 turns the fallback off.
+SCHEDULER_FALLBACK_AFTER_SECONDS = env_float("SCHEDULER_FALLBACK_AFTER_SECONDS", 5.0)
+SCHEDULER_FALLBACK_TIERS = env_list("SCHEDULER_FALLBACK_TIERS", ["free"])
 # A worker that sends no token for this long, once an answer has begun, is treated as hung.
 SCHEDULER_STALL_SECONDS = env_int("SCHEDULER_STALL_SECONDS", 30)
 # Before its first token an answer may wait in vLLM's own queue behind a full batch (the

@@ -44,6 +44,10 @@ class MetaData(TypedDict, total=False):
     prompt_tokens_estimate: int
     worker: str
     attempt: int
+    # Set when the overload policy sent the answer to another pool (`model`): why, and what
+    # the user is shown.
+    route_reason: str
+    notice: str
 
 
 class QueueData(TypedDict):

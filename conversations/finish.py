@@ -12,6 +12,8 @@ import json
 from typing import Any
 
 from django.db import transaction
+from django.db.models import JSONField
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from inference.hooks import InferenceHooks, Outcome
@@ -139,6 +141,17 @@ class ConversationHooks(InferenceHooks):
         )
         Message.objects.filter(pk__in=message_id, status=Message.Status.QUEUED).update(
             status=Message.Status.STREAMING, updated_at=timezone.now()
+        )
+
+    def generations_routed(self, *, generation_ids: list[str], route: dict[str, str]) -> None:
+        # The answer's model is the pool that writes it; `route` says why it is not the
+        # conversation's (one statement: jsonb concatenation, not a read and a write each).
+        Message.objects.filter(generation__pk__in=generation_ids).update(
+            model=route["model"],
+            metadata=RawSQL(
+                "metadata || %s::jsonb", [json.dumps({"route": route})], output_field=JSONField()
+            ),
+            updated_at=timezone.now(),
         )
 
     def generation_tool_round(

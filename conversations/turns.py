@@ -367,6 +367,8 @@ def generation_start(
             tools=tools,
             tool_choice=tool_choice,
             run_tools=run_tools,
+            # A `/v1` client named its model: only the web chat's answers may fall back.
+            may_fall_back=conversation.source == Conversation.Source.WEB,
         ),
     )
     return generation

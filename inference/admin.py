@@ -70,6 +70,8 @@ class GenerationAdmin(admin.ModelAdmin[Generation]):
         "id",
         "user",
         "pool",
+        "served_pool",
+        "route_reason",
         "worker",
         "tier",
         "status",
@@ -80,9 +82,11 @@ class GenerationAdmin(admin.ModelAdmin[Generation]):
         "output_tokens",
         "finish_reason",
     ]
-    list_filter = ["status", "pool", "tier", "finish_reason"]
+    list_filter = ["status", "pool", "route_reason", "served_pool", "tier", "finish_reason"]
+    # Each filter counts its rows: how many answers the overload policy sent to a fallback.
+    show_facets = admin.ShowFacets.ALWAYS
     search_fields = ["id", "user__username", "user__email", "conversation__id"]
-    list_select_related = ["user", "pool", "worker"]
+    list_select_related = ["user", "pool", "served_pool", "worker"]
     date_hierarchy = "enqueued_at"
 
     def get_readonly_fields(self, request: HttpRequest, obj: Generation | None = None) -> list[str]:

@@ -41,6 +41,10 @@ class InferenceHooks:
     def generation_first_token(self, *, generation_id: Any) -> None:
         """The answer's first token arrived: it is now visibly streaming."""
 
+    def generations_routed(self, *, generation_ids: list[str], route: dict[str, str]) -> None:
+        """The overload policy sent these queued generations to another pool: `route` holds
+        its name (`model`), why (`reason`) and what the user is shown (`notice`)."""
+
     def generation_tool_round(
         self,
         *,
@@ -81,6 +85,10 @@ class HookManager:
     def generation_first_token(self, *, generation_id: Any) -> None:
         for subscriber in self.subscribers:
             subscriber.generation_first_token(generation_id=generation_id)
+
+    def generations_routed(self, *, generation_ids: list[str], route: dict[str, str]) -> None:
+        for subscriber in self.subscribers:
+            subscriber.generations_routed(generation_ids=generation_ids, route=route)
 
     def generation_tool_round(
         self,

@@ -96,6 +96,10 @@ class Generation(models.Model):
 
     FINAL_STATUSES = frozenset({Status.COMPLETE, Status.CANCELLED, Status.FAILED, Status.REJECTED})
 
+    class RouteReason(models.TextChoices):
+        REQUESTED = "", "as requested"
+        HIGH_DEMAND = "high_demand", "fallback: high demand"
+
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     message = models.OneToOneField(
         "conversations.Message", on_delete=models.CASCADE, related_name="generation"
@@ -109,6 +113,18 @@ class Generation(models.Model):
     pool = models.ForeignKey(ModelPool, on_delete=models.PROTECT, related_name="generations")
     worker = models.ForeignKey(
         Worker, null=True, blank=True, on_delete=models.SET_NULL, related_name="generations"
+    )
+    # The pool that answered when it is not the one asked for, and why (the overload policy).
+    served_pool = models.ForeignKey(
+        ModelPool,
+        null=True,
+        blank=True,
+        on_delete=models.PROTECT,
+        related_name="served_generations",
+        help_text="The pool that answered, when the overload policy sent the answer elsewhere.",
+    )
+    route_reason = models.CharField(
+        max_length=32, choices=RouteReason.choices, blank=True, default=RouteReason.REQUESTED
     )
     tier = models.CharField(max_length=32)
     priority = models.IntegerField(help_text="vLLM priority: lower runs first.")
@@ -139,3 +155,8 @@ class Generation(models.Model):
     @property
     def is_final(self) -> bool:
         return self.status in self.FINAL_STATUSES
+
+    @property
+    def answering_pool(self) -> ModelPool:
+        """The pool whose workers answer (or answered) it."""
+        return self.served_pool or self.pool

@@ -115,19 +115,60 @@ def now_ms() -> int:
 #
 # KEYS: the job, the queue, its enqueue times, its fair-queue state. ARGV: enqueue time, id,
 # job TTL, user, cost in tokens, then the job's fields.
-ENQUEUE = """
+_FAIR_ADD = """
+local function fair_add(queue, queued_at, fair, id, user, cost, enqueued_ms, ttl)
+  local v = tonumber(redis.call('HGET', fair, 'V') or '0')
+  local key = 'u:' .. user
+  local start = math.max(v, tonumber(redis.call('HGET', fair, key) or '0'))
+  local seq = redis.call('HINCRBY', fair, '#', 1) % 1000000
+  redis.call('HSET', fair, key, start + cost)
+  redis.call('EXPIRE', fair, ttl)
+  redis.call('ZADD', queue, string.format('%d.%06d', start, seq), id)
+  redis.call('ZADD', queued_at, enqueued_ms, id)
+end
+"""
+ENQUEUE = (
+    _FAIR_ADD
+    + """
 redis.call('HSET', KEYS[1], unpack(ARGV, 6))
 redis.call('EXPIRE', KEYS[1], ARGV[3])
-local v = tonumber(redis.call('HGET', KEYS[4], 'V') or '0')
-local user = 'u:' .. ARGV[4]
-local start = math.max(v, tonumber(redis.call('HGET', KEYS[4], user) or '0'))
-local seq = redis.call('HINCRBY', KEYS[4], '#', 1) % 1000000
-redis.call('HSET', KEYS[4], user, start + tonumber(ARGV[5]))
-redis.call('EXPIRE', KEYS[4], ARGV[3])
-redis.call('ZADD', KEYS[2], string.format('%d.%06d', start, seq), ARGV[2])
-redis.call('ZADD', KEYS[3], ARGV[1], ARGV[2])
+fair_add(KEYS[2], KEYS[3], KEYS[4], ARGV[2], ARGV[4], tonumber(ARGV[5]), ARGV[1], ARGV[3])
 return 1
 """
+)
+
+# The overload policy's fallback: move what waited since before a deadline (ARGV[1]) from a
+# pool's queue (KEYS[1], its enqueue times KEYS[2]) to its fallback pool's (KEYS[3..5]: queue,
+# enqueue times, fair-queue state), atomically, at most 100 a call. Only jobs that allow it
+# (`may_fall_back`) and whose prompt and answer fit the fallback's context window (ARGV[6])
+# move. The job (ARGV[2] .. id) learns its new pool (ARGV[3]) and why (ARGV[4]); it keeps its
+# enqueue time, so the queue time limit still counts from the send. ARGV[5]: the fair-queue
+# state's TTL. Returns the ids moved.
+MOVE_TO_FALLBACK = (
+    _FAIR_ADD
+    + """
+local moved = {}
+local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, 1000)
+for _, id in ipairs(ids) do
+  if #moved >= 100 then break end
+  local job = ARGV[2] .. id
+  local f = redis.call(
+    'HMGET', job, 'user_id', 'prompt_tokens', 'max_tokens', 'enqueued_ms', 'may_fall_back')
+  local tokens = (tonumber(f[2]) or 0) + (tonumber(f[3]) or 0)
+  if redis.call('ZSCORE', KEYS[1], id) == false then
+    redis.call('ZREM', KEYS[2], id)
+  elseif f[5] == '1' and tokens <= tonumber(ARGV[6]) then
+    redis.call('ZREM', KEYS[1], id)
+    redis.call('ZREM', KEYS[2], id)
+    redis.call('HSET', job, 'pool', ARGV[3], 'route', ARGV[4])
+    fair_add(KEYS[3], KEYS[4], KEYS[5], id, f[1] or '0', math.max(1, tokens),
+             f[4] or ARGV[1], ARGV[5])
+    moved[#moved + 1] = id
+  end
+end
+return moved
+"""
+)
 
 # Claim the next generation of the best non-empty tier that has room (KEYS: each such tier's
 # queue, enqueue times and fair-queue state, in threes). ZPOPMIN is what makes a generation
@@ -217,6 +258,9 @@ class Job:
     # True: the tools are plugins the scheduler runs (web chat, API conversations); False:
     # the client defined them and runs them itself (`/v1`), so the answer ends at the calls.
     run_tools: bool = False
+    # The overload policy may have a smaller pool answer (the web chat; not `/v1`, whose
+    # client asked for a model by name).
+    may_fall_back: bool = False
 
     @property
     def kv_tokens(self) -> int:
@@ -245,6 +289,7 @@ class Job:
             "tools": json.dumps(self.tools),
             "tool_choice": json.dumps(self.tool_choice),
             "run_tools": "1" if self.run_tools else "",
+            "may_fall_back": "1" if self.may_fall_back else "",
         }
 
     @classmethod
@@ -265,6 +310,7 @@ class Job:
             tools=json.loads(fields.get("tools") or "[]"),
             tool_choice=json.loads(fields.get("tool_choice") or "null"),
             run_tools=bool(fields.get("run_tools")),
+            may_fall_back=bool(fields.get("may_fall_back")),
         )
 
 
@@ -280,6 +326,18 @@ def claim_keys(pool: str, tiers: list[str]) -> list[str]:
 def expire_keys(pool: str, tiers: list[str]) -> list[str]:
     """The keys `EXPIRE_QUEUED` takes to expire what waits in `tiers` of `pool`."""
     return [key for tier in tiers for key in (queue_key(pool, tier), queued_at_key(pool, tier))]
+
+
+def fallback_keys(pool: str, tier: str, fallback: str) -> list[str]:
+    """The keys `MOVE_TO_FALLBACK` takes to move `tier`'s waiting answers of `pool` to
+    `fallback`."""
+    return [
+        queue_key(pool, tier),
+        queued_at_key(pool, tier),
+        queue_key(fallback, tier),
+        queued_at_key(fallback, tier),
+        fair_key(fallback, tier),
+    ]
 
 
 def enqueue(redis: Redis, job: Job) -> None:

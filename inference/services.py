@@ -28,7 +28,7 @@ from django.utils import timezone
 from chatsite.catalog import CATALOG
 from chatsite.errors import ServiceError
 from chatsite.redis import sync_redis
-from chatsite.stream_events import StreamEvent
+from chatsite.stream_events import MetaData, StreamEvent
 
 from . import queue
 from .errors import ErrorCode
@@ -72,6 +72,8 @@ class GenerationRequest:
     tools: list[dict[str, Any]] = field(default_factory=list)
     tool_choice: str | dict[str, Any] | None = None
     run_tools: bool = False
+    # Under pressure, the pool's fallback may answer instead (`SCHEDULER_FALLBACK_*`).
+    may_fall_back: bool = False
 
 
 def pool_named(*, model: str) -> ModelPool:
@@ -126,6 +128,7 @@ def generation_enqueue(*, generation: Generation, request: GenerationRequest) ->
         tools=request.tools,
         tool_choice=request.tool_choice,
         run_tools=request.run_tools and bool(request.tools),
+        may_fall_back=request.may_fall_back,
     )
 
     def _enqueue() -> None:
@@ -155,9 +158,7 @@ def generation_cancel(*, generation: Generation) -> Generation:
     if generation.is_final:
         return generation
     redis = sync_redis()
-    removed = queue.unqueue(
-        redis, pool=generation.pool.name, tier=generation.tier, generation_id=str(generation.id)
-    )
+    removed = _unqueue(redis, generation)
     if removed:
         generation_finish(
             generation_id=generation.id,
@@ -177,9 +178,44 @@ def generations_abandon(*, generations: list[Generation]) -> None:
     streams."""
     redis = sync_redis()
     for generation in generations:
-        gid = str(generation.id)
-        queue.unqueue(redis, pool=generation.pool.name, tier=generation.tier, generation_id=gid)
-        queue.request_cancel(redis, gid)
+        _unqueue(redis, generation)
+        queue.request_cancel(redis, str(generation.id))
+
+
+def _unqueue(redis: Any, generation: Generation) -> bool:
+    """Take `generation` out of whichever queue it waits in: its pool's, or its pool's
+    fallback's (where the overload policy may have moved it since the row was read)."""
+    pools = [generation.pool.name]
+    if generation.pool.fallback_id is not None:
+        pools.append(_pool_name(generation.pool.fallback_id))
+    gid = str(generation.id)
+    return any(
+        queue.unqueue(redis, pool=name, tier=generation.tier, generation_id=gid) for name in pools
+    )
+
+
+def _pool_name(pool_id: int) -> str:
+    return str(ModelPool.objects.values_list("name", flat=True).get(pk=pool_id))
+
+
+def generations_route(*, generation_ids: list[str], pool_name: str, reason: str) -> MetaData:
+    """Record that the queued generations `generation_ids` are answered by `pool_name`, for
+    `reason` (`Generation.RouteReason`); returns the `meta` event that tells their streams."""
+    notice = f"Answered by the smaller model {pool_name}: {ROUTE_NOTICES[reason]}."
+    with transaction.atomic():
+        pool = ModelPool.objects.get(name=pool_name)
+        Generation.objects.filter(pk__in=generation_ids, status=Generation.Status.QUEUED).update(
+            served_pool=pool, route_reason=reason
+        )
+        get_hooks().generations_routed(
+            generation_ids=generation_ids,
+            route={"model": pool_name, "reason": reason, "notice": notice},
+        )
+    return {"status": "queued", "model": pool_name, "route_reason": reason, "notice": notice}
+
+
+# What the user is told of each reason an answer went to another pool.
+ROUTE_NOTICES: dict[str, str] = {Generation.RouteReason.HIGH_DEMAND: "high demand"}
 
 
 # The finish reason of an answer that output moderation withdrew (OpenAI's name for it).
@@ -396,7 +432,9 @@ def generation_sweep_stale(*, live_replicas: set[str], grace_seconds: int = 60) 
         if job:
             owner = job.get("owner")
             if owner is None:
-                in_queue = redis.zscore(queue.queue_key(generation.pool.name, generation.tier), gid)
+                # The job's own pool: the overload policy may have moved it to the fallback's.
+                waits_in = str(job.get("pool") or generation.pool.name)
+                in_queue = redis.zscore(queue.queue_key(waits_in, generation.tier), gid)
                 if in_queue is not None:
                     continue
             elif owner in live_replicas:

@@ -55,6 +55,20 @@ class MessageSerializer(serializers.ModelSerializer[Message]):
     def get_notice(self, message: Message) -> str | None:
         return message_notice(message=message)
 
+    route = serializers.SerializerMethodField(
+        help_text=(
+            "Set when the overload policy had another model write the answer: its `model`, "
+            "the `reason` (high_demand) and the `notice` the page shows; null otherwise."
+        )
+    )
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_route(self, message: Message) -> dict[str, str] | None:
+        route = message.metadata.get("route") if message.role == "assistant" else None
+        if not isinstance(route, dict):
+            return None
+        return {name: str(route.get(name, "")) for name in ("model", "reason", "notice")}
+
     tool_calls = serializers.SerializerMethodField(
         help_text="An assistant's tool calls (the tool loop): id, name, arguments (JSON text)."
     )
@@ -95,6 +109,7 @@ class MessageSerializer(serializers.ModelSerializer[Message]):
             "role",
             "content",
             "notice",
+            "route",
             "tool_calls",
             "tool",
             "status",

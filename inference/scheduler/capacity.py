@@ -27,7 +27,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -169,6 +169,8 @@ class Capacity:
         # ever). Both as of the last health check (`Fleet`), so the loops read no database.
         self.pools: list[str] = []
         self.active_pools: list[str] = []
+        # Each active pool's active fallback pool, where it has one.
+        self.fallbacks: dict[str, Fallback] = {}
         self.leases: dict[str, int] = {}  # generation id -> worker id
         # Each worker's speed, fitted from the first tokens this replica saw there.
         self.fits: dict[int, TTFTFit] = {}
@@ -420,18 +422,38 @@ def _worker_id(value: Any) -> int | None:
         return None
 
 
+class Fallback(NamedTuple):
+    """A pool's fallback: its name, and the prompt and answer tokens it takes at most."""
+
+    name: str
+    context_window: int
+
+
 @dataclass
 class Fleet:
-    """The workers of the active pools and the active pools' names, as the database has them."""
+    """The workers of the active pools, the active pools' names and their active fallbacks,
+    as the database has them."""
 
     workers: list[WorkerView]
     active_pools: list[str]
+    fallbacks: dict[str, Fallback]
 
 
 def fleet_rows() -> Fleet:
     """One read of the fleet (two statements) for a health check."""
     close_old_connections()
-    return Fleet(workers=worker_rows(), active_pools=active_pool_names())
+    pools = ModelPool.objects.filter(is_active=True).values_list(
+        "name", "fallback__name", "fallback__is_active", "fallback__context_window"
+    )
+    return Fleet(
+        workers=worker_rows(),
+        active_pools=[name for name, *_ in pools],
+        fallbacks={
+            name: Fallback(fallback, window)
+            for name, fallback, active, window in pools
+            if fallback and active
+        },
+    )
 
 
 def worker_rows() -> list[WorkerView]:
@@ -449,7 +471,3 @@ def worker_rows() -> list[WorkerView]:
         )
         for w in Worker.objects.filter(pool__is_active=True).select_related("pool")
     ]
-
-
-def active_pool_names() -> list[str]:
-    return list(ModelPool.objects.filter(is_active=True).values_list("name", flat=True))

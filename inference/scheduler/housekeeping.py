@@ -61,6 +61,7 @@ class Housekeeping:
         if not await self.redis.set(queue.key("housekeeping"), self.replica_id, nx=True, px=900):
             return
         await self.reject_overdue()
+        await self.send_to_fallback()
         await self.publish_positions()
         loop = asyncio.get_running_loop()
         if loop.time() - self._last_sweep >= SWEEP_EVERY_SECONDS:
@@ -107,6 +108,43 @@ class Housekeeping:
                         "Demand is high and no model worker could take this answer in "
                         f"{settings.SCHEDULER_MAX_QUEUE_SECONDS} s. Please try again."
                     ),
+                )
+
+    async def send_to_fallback(self) -> None:
+        """The overload policy: answers of the fallback tiers that waited past
+        `SCHEDULER_FALLBACK_AFTER_SECONDS` in a pool whose fallback has workers go to the
+        fallback's queue; the generation records it and its stream says so."""
+        after = settings.SCHEDULER_FALLBACK_AFTER_SECONDS
+        if after <= 0:
+            return
+        deadline = queue.now_ms() - int(after * 1000)
+        for pool, fallback in self.capacity.fallbacks.items():
+            if fallback.name not in self.capacity.pools:
+                continue  # no worker there to answer
+            for tier in settings.SCHEDULER_FALLBACK_TIERS:
+                keys = queue.fallback_keys(pool, tier, fallback.name)
+                moved = await self.redis.eval(
+                    queue.MOVE_TO_FALLBACK,
+                    len(keys),
+                    *keys,
+                    str(deadline),
+                    queue.job_key(""),
+                    fallback.name,
+                    Generation.RouteReason.HIGH_DEMAND,
+                    str(queue.JOB_TTL_SECONDS),
+                    str(fallback.context_window),
+                )
+                if not moved:
+                    continue
+                route = await sync_to_async(services.generations_route)(
+                    generation_ids=list(moved),
+                    pool_name=fallback.name,
+                    reason=Generation.RouteReason.HIGH_DEMAND,
+                )
+                for generation_id in moved:
+                    await self.writer.event(generation_id, StreamEvent.META, route)
+                logger.info(
+                    "%d %s answer(s) of %s sent to %s", len(moved), tier, pool, fallback.name
                 )
 
     async def publish_positions(self) -> None:

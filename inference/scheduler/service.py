@@ -191,6 +191,7 @@ class Scheduler:
         self.capacity.workers = views
         self.capacity.pools = sorted({view.pool for view in views.values()})
         self.capacity.active_pools = fleet.active_pools
+        self.capacity.fallbacks = fleet.fallbacks
         if became_healthy:
             self._wake.set()
 

@@ -84,6 +84,7 @@ export function assistantView(message, stream) {
       status: message.status,
       position: null,
       highDemand: false,
+      routeNotice: (message.route && message.route.notice) || null,
       error: message.error || null,
       restarted: false,
       reconnecting: false,
@@ -107,6 +108,7 @@ export function assistantView(message, stream) {
     status,
     position: stream.position,
     highDemand: stream.highDemand,
+    routeNotice: stream.routeNotice || (message.route && message.route.notice) || null,
     error: stream.error,
     retracted: stream.retracted,
     restarted: stream.restarted,
@@ -122,6 +124,10 @@ function stateText(view) {
   if (view.reconnecting) return ["reconnecting", "Connection lost. Reconnecting…"];
   switch (view.status) {
     case "queued":
+      if (view.routeNotice) {
+        const where = view.position ? ` (position ${view.position})` : "";
+        return ["high-demand", `${view.routeNotice} It starts shortly${where}.`];
+      }
       if (view.highDemand) {
         const where = view.position ? ` (position ${view.position})` : "";
         return ["high-demand", `High demand right now: your answer is waiting for a free model${where}.`];
@@ -239,7 +245,9 @@ export function updateAssistant(item, message, context) {
   }
   item.dataset.status = view.status;
   item.setAttribute("aria-busy", String(IN_PROGRESS.has(view.status)));
-  const [kind, text] = stateText(view);
+  let [kind, text] = stateText(view);
+  // An answer another model wrote says so once nothing else needs saying.
+  if (!text && view.routeNotice) [kind, text] = ["note", view.routeNotice];
   const state = item.querySelector(".message-state");
   state.dataset.kind = kind;
   state.textContent = text;

@@ -46,6 +46,7 @@ export class GenerationStream {
     this.finishReason = null;
     this.position = null;
     this.highDemand = false;
+    this.routeNotice = null; // set when the overload policy sent the answer to another model
     this.error = null; // {code, message}
     this.retracted = null; // {message} when moderation withdrew the text
     this.restarted = false;
@@ -136,6 +137,7 @@ export class GenerationStream {
     switch (name) {
       case "meta":
         if (data.status === "queued" && this.phase !== "running") this.phase = "queued";
+        if (typeof data.notice === "string" && data.notice) this.routeNotice = data.notice;
         if (data.status === "running") {
           this.phase = "running";
           this.position = null;
