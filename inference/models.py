@@ -69,6 +69,18 @@ class Worker(models.Model):
     max_concurrency = models.PositiveIntegerField(
         default=256, help_text="Most generations the schedulers send to the worker at once."
     )
+    # Where the worker publishes vLLM's KV cache events (`--kv-events-config`), if it does:
+    # the schedulers then know what its cache holds instead of estimating it.
+    kv_events_endpoint = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="ZeroMQ address of its KV cache events, e.g. tcp://10.0.0.5:5557.",
+    )
+    kv_events_replay_endpoint = models.CharField(
+        max_length=200,
+        blank=True,
+        help_text="ZeroMQ address of the events' replay socket, e.g. tcp://10.0.0.5:5558.",
+    )
     last_seen_at = models.DateTimeField(null=True, blank=True)
     last_error = models.TextField(blank=True)
     state_changed_at = models.DateTimeField(auto_now_add=True)

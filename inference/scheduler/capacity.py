@@ -97,6 +97,9 @@ class WorkerView:
     backlog: int = 0
     # The blocks its KV cache holds, by the prefix index.
     held_blocks: int = 0
+    # Where it publishes vLLM's KV cache events, if it does (`kv_events.py`).
+    kv_events_endpoint: str = ""
+    kv_events_replay_endpoint: str = ""
 
     @property
     def block_size(self) -> int:
@@ -174,6 +177,9 @@ class Capacity:
         self.leases: dict[str, int] = {}  # generation id -> worker id
         # Each worker's speed, fitted from the first tokens this replica saw there.
         self.fits: dict[int, TTFTFit] = {}
+        # The workers whose KV cache events reach this replica: the index holds what their
+        # caches hold, and placement records no estimate of its own there.
+        self.exact: set[int] = set()
 
     async def mark_down(self, view: WorkerView, error: str) -> None:
         view.state = Worker.State.DOWN
@@ -298,7 +304,7 @@ class Capacity:
         self.leases[generation_id] = view.id
         view.leases += 1
         view.backlog += placement.uncached_tokens
-        if placement.prompt is not None:
+        if placement.prompt is not None and view.id not in self.exact:
             await self.index.record(
                 view.id,
                 placement.prompt.hashes(view.block_size),
@@ -328,7 +334,7 @@ class Capacity:
         sequence_tokens: int,
     ) -> None:
         """The index learns the blocks an answer filled on `view` (the next turn's prefix)."""
-        if not text or view.block_size <= 0:
+        if not text or view.block_size <= 0 or view.id in self.exact:
             return
         answer = await asyncio.to_thread(
             prefix.answer_of,
@@ -468,6 +474,8 @@ def worker_rows() -> list[WorkerView]:
             state=w.state,
             max_concurrency=w.max_concurrency,
             tokenizer_folder=pool_tokenizer_folder(w.pool),
+            kv_events_endpoint=w.kv_events_endpoint,
+            kv_events_replay_endpoint=w.kv_events_replay_endpoint,
         )
         for w in Worker.objects.filter(pool__is_active=True).select_related("pool")
     ]

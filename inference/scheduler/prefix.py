@@ -84,11 +84,16 @@ def block_hashes(token_ids: Sequence[int], block_size: int) -> list[str]:
     hashes: list[str] = []
     parent = b""
     for start in range(0, len(token_ids) - block_size + 1, block_size):
-        digest = hashlib.blake2b(parent, digest_size=8)
-        digest.update(array("I", token_ids[start : start + block_size]).tobytes())
-        parent = digest.digest()
+        parent = chain(parent, token_ids[start : start + block_size])
         hashes.append(parent.hex())
     return hashes
+
+
+def chain(parent: bytes, block: Sequence[int]) -> bytes:
+    """The hash of one block of tokens after the block hashed `parent` (b"" for the first)."""
+    digest = hashlib.blake2b(parent, digest_size=8)
+    digest.update(array("I", block).tobytes())
+    return digest.digest()
 
 
 def use_score(now_ms: int) -> int:
@@ -172,6 +177,11 @@ class RedisIndex:
             await self.redis.eval(
                 RECORD, 1, index_key(worker_id), str(capacity), str(use_score(now_ms)), *hashes
             )
+
+    async def remove(self, worker_id: int, hashes: Sequence[str]) -> None:
+        """Forget blocks the worker evicted (its KV events say so)."""
+        if hashes:
+            await self.redis.zrem(index_key(worker_id), *hashes)
 
     async def clear(self, worker_id: int) -> None:
         """Forget what a worker held (it restarted, or went down)."""

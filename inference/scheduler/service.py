@@ -20,7 +20,7 @@ import os
 import socket
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -34,6 +34,7 @@ from ..tokens import warm_default_tokenizer
 from .capacity import Capacity, WorkerView, fleet_rows
 from .guard import configured_guard
 from .housekeeping import Housekeeping
+from .kv_events import KVEventsApplier, KVEventsSubscriber
 from .placement import configured_policy
 from .run import Run, Runs
 from .tools import ToolLoop, configured_runner
@@ -90,6 +91,8 @@ class Scheduler:
             writer=self.writer,
             running=self.running,
         )
+        # Per worker that publishes KV cache events: the subscriber following them.
+        self.kv_subscribers: dict[int, _Following] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
 
@@ -119,9 +122,10 @@ class Scheduler:
         try:
             await self._stopping.wait()
         finally:
-            for task in loops:
+            subscribers = [following.task for following in self.kv_subscribers.values()]
+            for task in [*loops, *subscribers]:
                 task.cancel()
-            await asyncio.gather(*loops, return_exceptions=True)
+            await asyncio.gather(*loops, *subscribers, return_exceptions=True)
             await self._drain()
             await self.redis.delete(queue.key("replica", self.replica_id))
             await self.redis.aclose()
@@ -189,11 +193,46 @@ class Scheduler:
                 if view.state == Worker.State.HEALTHY:
                     await self.capacity.mark_down(view, str(result))
         self.capacity.workers = views
+        self._follow_kv_events(views)
         self.capacity.pools = sorted({view.pool for view in views.values()})
         self.capacity.active_pools = fleet.active_pools
         self.capacity.fallbacks = fleet.fallbacks
         if became_healthy:
             self._wake.set()
+
+    def _follow_kv_events(self, views: dict[int, WorkerView]) -> None:
+        """A subscriber per worker that publishes KV cache events; none for the others. One
+        that stopped on an error is started again."""
+        wanted = {
+            view.id: (view.kv_events_endpoint, view.kv_events_replay_endpoint)
+            for view in views.values()
+            if view.kv_events_endpoint
+        }
+        for worker_id, following in list(self.kv_subscribers.items()):
+            if wanted.get(worker_id) == following.endpoints and not following.task.done():
+                following.applier.capacity = views[worker_id].capacity_blocks
+                continue
+            following.task.cancel()
+            if following.task.done() and not following.task.cancelled():
+                logger.warning(
+                    "KV events of worker %s stopped: %r", worker_id, following.task.exception()
+                )
+            del self.kv_subscribers[worker_id]
+            self.capacity.exact.discard(worker_id)
+        for worker_id, endpoints in wanted.items():
+            if worker_id in self.kv_subscribers:
+                continue
+            applier = KVEventsApplier(
+                self.capacity.index, worker_id, capacity=views[worker_id].capacity_blocks
+            )
+            subscriber = KVEventsSubscriber(
+                applier,
+                endpoint=endpoints[0],
+                replay_endpoint=endpoints[1],
+                on_batch=self.capacity.exact.add,
+            )
+            task = asyncio.create_task(subscriber.run(), name=f"kv-events-{worker_id}")
+            self.kv_subscribers[worker_id] = _Following(endpoints, applier, task)
 
     async def _store_metrics(self, worker_id: int, load: WorkerLoad) -> None:
         """The reading, for background completions' placement and the admin; with the speed
@@ -327,6 +366,14 @@ class Scheduler:
                         task.cancel()
         finally:
             await pubsub.aclose()
+
+
+class _Following(NamedTuple):
+    """A worker's KV events as followed: its endpoints, what applies them, the task."""
+
+    endpoints: tuple[str, str]
+    applier: KVEventsApplier
+    task: asyncio.Task[None]
 
 
 def _restarted(before: WorkerLoad | None, now: WorkerLoad) -> bool:

@@ -37,8 +37,11 @@ class FakeWorker:
         first_token_delay: float = 0.0,
         pause_trigger: str = "",
         pause_seconds: float = 0.0,
+        block_size: int = 0,
     ) -> None:
         self.mode = mode
+        # With a block size, /metrics reports vLLM's cache_config_info (1,000 blocks of it).
+        self.block_size = block_size
         # Seconds before the first chunk: a request waiting in vLLM's queue behind a full batch.
         self.first_token_delay = first_token_delay
         # A request whose messages contain `pause_trigger` goes silent for `pause_seconds`
@@ -104,6 +107,12 @@ class FakeWorker:
                         "# TYPE vllm:kv_cache_usage_perc gauge\n"
                         'vllm:kv_cache_usage_perc{model_name="fake"} 0.1\n'
                     )
+                    if worker.block_size:
+                        body += (
+                            "# TYPE vllm:cache_config_info gauge\n"
+                            f'vllm:cache_config_info{{block_size="{worker.block_size}",'
+                            'num_gpu_blocks="1000"} 1.0\n'
+                        )
                     self._send(200, body.encode(), "text/plain")
                 else:
                     self.send_error(404)

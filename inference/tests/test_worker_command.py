@@ -5,6 +5,7 @@ None of these touch the database, vLLM or the worker venv.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -111,4 +112,18 @@ def test_workers_can_be_bound_to_their_own_cores() -> None:
     )
     assert "VLLM_CPU_OMP_THREADS_BIND" not in build_worker_env(
         device="gpu", kv_cache_gib=None, base={}, cpus="1"
+    )
+
+
+def test_kv_cache_events_are_published_on_the_port_asked_for() -> None:
+    argv = build_worker_argv(python="python", model="m", port=1, device="gpu", kv_events_port=5557)
+    config = json.loads(argv[argv.index("--kv-events-config") + 1])
+    assert config == {
+        "enable_kv_cache_events": True,
+        "publisher": "zmq",
+        "endpoint": "tcp://*:5557",
+        "replay_endpoint": "tcp://*:5558",
+    }
+    assert "--kv-events-config" not in build_worker_argv(
+        python="python", model="m", port=1, device="gpu"
     )

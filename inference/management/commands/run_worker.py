@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shlex
 import shutil
@@ -61,6 +62,7 @@ def build_worker_argv(
     kv_cache_gib: float | None = None,
     tool_call_parser: str | None = DEFAULT_TOOL_CALL_PARSER,
     chat_template: str | None = None,
+    kv_events_port: int | None = None,
     extra: Sequence[str] = (),
 ) -> list[str]:
     """The argv that starts vLLM's OpenAI server; pure, so it can be tested without vLLM.
@@ -98,6 +100,16 @@ def build_worker_argv(
         argv += ["--tool-strict-level", "parameter"]
     if chat_template:
         argv += ["--chat-template", chat_template]
+    if kv_events_port is not None:
+        # vLLM's KV cache events (the schedulers' prefix index made exact): PUB on the port,
+        # its replay (ROUTER) on the next one. The worker row names both (admin).
+        config = {
+            "enable_kv_cache_events": True,
+            "publisher": "zmq",
+            "endpoint": f"tcp://*:{kv_events_port}",
+            "replay_endpoint": f"tcp://*:{kv_events_port + 1}",
+        }
+        argv += ["--kv-events-config", json.dumps(config)]
     if max_model_len is not None:
         argv += ["--max-model-len", str(max_model_len)]
     if max_num_seqs is not None:
@@ -166,6 +178,12 @@ class Command(BaseCommand):
             help="CPU only: cores to bind vLLM's threads to, e.g. 0 or 2-3 (default: vLLM's auto)",
         )
         parser.add_argument("--max-num-seqs", type=int, help="most sequences batched at once")
+        parser.add_argument(
+            "--kv-events-port",
+            type=int,
+            help="publish vLLM's KV cache events on this port (replay on the next); set the "
+            "worker's KV events endpoints in the admin so the schedulers follow them",
+        )
         parser.add_argument("--max-model-len", type=int, default=DEFAULT_MAX_MODEL_LEN)
         parser.add_argument(
             "--tool-call-parser",
@@ -217,6 +235,7 @@ class Command(BaseCommand):
                 None if options["tool_call_parser"] == "none" else options["tool_call_parser"]
             ),
             chat_template=chat_template,
+            kv_events_port=options["kv_events_port"],
             extra=options["extra"] or [],
         )
         env = build_worker_env(
