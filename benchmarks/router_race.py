@@ -457,10 +457,26 @@ def fitted_speeds() -> list[str]:
     return found
 
 
+def follow_kv_events(endpoints: list[str]) -> None:
+    """Name (or clear) the workers' KV event endpoints, in `--workers` order, for a side's
+    scheduler to follow; the replay socket is on the next port."""
+    from inference.models import Worker
+
+    workers = list(Worker.objects.order_by("id"))
+    for index, worker in enumerate(workers):
+        endpoint = endpoints[index] if index < len(endpoints) else ""
+        host, _, port = endpoint.rpartition(":")
+        worker.kv_events_endpoint = endpoint
+        worker.kv_events_replay_endpoint = f"{host}:{int(port) + 1}" if endpoint else ""
+        worker.save(update_fields=["kv_events_endpoint", "kv_events_replay_endpoint"])
+
+
 def run_side(name: str, args: Any, urls: list[str], trace: list[Conversation], key: str) -> Outcome:
     from django.conf import settings
 
     kind, _, policy = name.partition(":")
+    policy, _, events = policy.partition("+")
+    follow_kv_events(args.kv_events if events == "events" else [])
     logs = Path(tempfile.mkdtemp(prefix="router-race-"))
     port = free_port()
     processes = []
@@ -565,6 +581,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         default=0,
         help="run the service's edge and scheduler at this niceness (workers sharing its cores)",
     )
+    parser.add_argument(
+        "--kv-events",
+        default="",
+        help="the workers' KV event endpoints (run_worker --kv-events-port), in --workers "
+        "order, e.g. tcp://127.0.0.1:5561,tcp://127.0.0.1:5563: a side named v1:<policy>+events "
+        "has its scheduler follow them instead of estimating the caches",
+    )
     parser.add_argument("--routers-venv", type=Path, default=ROOT / ".venv-routers")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     return parser.parse_args(argv)
@@ -573,6 +596,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     urls = [u.strip().rstrip("/") for u in args.workers.split(",") if u.strip()]
+    args.kv_events = [e.strip() for e in args.kv_events.split(",") if e.strip()]
+    if "+events" in args.sides and len(args.kv_events) != len(urls):
+        raise SystemExit("a +events side needs --kv-events with one endpoint per worker")
     django_start(database_url=DEFAULT_DATABASE_URL, redis_url=DEFAULT_REDIS_URL)
     prepare_stores()
     from django.conf import settings

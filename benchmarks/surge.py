@@ -18,8 +18,9 @@ told about (its queue position), and the paid p99 over its unloaded p99 (the iss
 at most 2). For the cancelled answers: how many had reached a worker (the others cost the
 workers nothing) and the output tokens the workers spent on them.
 
-The sides: `even` (every tier may fill the whole worker: admission as before tier shares)
-and `tiered` (the defaults: free 0.75, plus 1.0, pro 1.25), alternated per `--rounds`.
+The sides: `even` (every tier may fill the whole worker: admission as before tier shares),
+`tiered` (the defaults: free 0.75, plus 1.0, pro 1.25) and `wide` (pro up to twice the
+worker), alternated per `--rounds`.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/chatsite_surge_bench \\
     REDIS_URL=redis://127.0.0.1:6379/6 SECRET_KEY=x \\
@@ -61,6 +62,8 @@ DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/6"
 SIDES = {
     "even": {"pro": 1.0, "plus": 1.0, "free": 1.0},
     "tiered": {"pro": 1.25, "plus": 1.0, "free": 0.75},
+    # Pro may take twice the worker: what more headroom buys the paid tier on CPU workers.
+    "wide": {"pro": 2.0, "plus": 1.25, "free": 0.75},
 }
 
 

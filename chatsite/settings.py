@@ -246,6 +246,15 @@ MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 32_000)
 SYSTEM_PROMPT_MAX_CHARS = env_int("SYSTEM_PROMPT_MAX_CHARS", 16_000)
 TITLE_MAX_CHARS = 200
 DEFAULT_MODEL = os.environ.get("DEFAULT_MODEL", "smollm2-135m")
+# The `auto` model (conversations/auto_model.py): each answer by the small or the large pool,
+# as AUTO_MODEL_CHOOSER judges the task (by default: code, a prompt of LONG_PROMPT_TOKENS or
+# more and the LARGE_TIERS get the large pool). An empty AUTO_MODEL offers no `auto`.
+AUTO_MODEL = os.environ.get("AUTO_MODEL", "auto")
+AUTO_MODEL_SMALL = os.environ.get("AUTO_MODEL_SMALL", DEFAULT_MODEL)
+AUTO_MODEL_LARGE = os.environ.get("AUTO_MODEL_LARGE", DEFAULT_MODEL)
+AUTO_MODEL_LONG_PROMPT_TOKENS = env_int("AUTO_MODEL_LONG_PROMPT_TOKENS", 2000)
+AUTO_MODEL_LARGE_TIERS = env_list("AUTO_MODEL_LARGE_TIERS", ["pro"])
+AUTO_MODEL_CHOOSER = os.environ.get("AUTO_MODEL_CHOOSER", "conversations.auto_model.RuleChooser")
 
 LOGGING = {
     "version": 1,

@@ -29,6 +29,8 @@ from inference.client import FaultCode, WorkerFault, get_client
 from inference.models import ModelPool, Worker
 from inference.scheduler.capacity import background_order
 
+from .auto_model import is_auto
+
 logger = logging.getLogger(__name__)
 
 # Try at most this many workers of the pool before giving the fault to Celery's retry.
@@ -38,6 +40,8 @@ MAX_WORKERS_TRIED = 2
 def pool_for_background(*, setting: str, conversation_model: str) -> ModelPool:
     """The pool named by `setting` (TITLE_MODEL, SUMMARY_MODEL) or else the conversation's."""
     name = getattr(settings, setting) or conversation_model
+    if is_auto(name):
+        name = settings.AUTO_MODEL_SMALL  # chores of an `auto` conversation: the small pool
     pool = ModelPool.objects.filter(name=name, is_active=True).first()
     if pool is None:
         raise WorkerFault(FaultCode.NO_POOL, f"no active pool named {name!r}")

@@ -22,6 +22,8 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
+from django.db.models import JSONField
+from django.db.models.expressions import RawSQL
 
 from billing.models import Plan
 from billing.quota import Limits
@@ -35,6 +37,7 @@ from billing.services import (
     reservation_release,
 )
 from chatsite import dotted
+from chatsite.errors import ServiceError
 from inference.models import Generation, ModelPool
 from inference.services import (
     GenerationRequest,
@@ -46,7 +49,8 @@ from inference.tokens import pool_tokenizer
 from moderation.models import Flag
 from moderation.services import flag_record, moderation_check_input, moderation_ensure_can_send
 
-from . import services
+from . import auto_model, services
+from .auto_model import is_auto
 from .context import assemble_context, count_tokens
 from .models import Conversation, Message
 from .removal import conversation_remove
@@ -79,7 +83,10 @@ def conversation_start(
 ) -> Conversation:
     """Start a conversation with a model the user's plan may use."""
     model = (model or settings.DEFAULT_MODEL).strip()
-    plan_pool(plan=plan_for_user(user=user), pool=pool_named(model=model))
+    # `auto` needs the small pool at least; a turn that would take the large one without the
+    # plan including it gets the small one.
+    pool = settings.AUTO_MODEL_SMALL if is_auto(model) else model
+    plan_pool(plan=plan_for_user(user=user), pool=pool_named(model=pool))
     return services.conversation_create(
         owner=user,
         model=model,
@@ -154,10 +161,53 @@ _Write = Callable[[], services.Written]
 
 
 def _token_counter(model: str) -> Callable[[str], int]:
-    """Counts a text's tokens with `model`'s tokenizer, for the tree writes that store a new
-    message's count with it."""
-    tokenizer = pool_tokenizer(pool_named(model=model))
+    """Counts a text's tokens with `model`'s tokenizer (the large pool's for `auto`), for
+    the tree writes that store a new message's count with it."""
+    name = settings.AUTO_MODEL_LARGE if is_auto(model) else model
+    tokenizer = pool_tokenizer(pool_named(model=name))
     return lambda text: count_tokens(tokenizer, text)
+
+
+def _auto_choice(
+    *, plan: Plan, conversation: Conversation, content: str | None
+) -> auto_model.Choice | None:
+    """The pool the `auto` model writes this turn's answer with; None for another model. A
+    choice the plan does not include falls back to the small pool."""
+    if not is_auto(conversation.model):
+        return None
+    text = content or ""
+    tokens = count_tokens(pool_tokenizer(pool_named(model=settings.AUTO_MODEL_LARGE)), text)
+    if not conversation._state.adding:
+        # The prompt grows with the conversation: its last answer's prompt, as counted then.
+        last = (
+            Generation.objects.filter(conversation=conversation, prompt_tokens__isnull=False)
+            .order_by("-enqueued_at")
+            .values_list("prompt_tokens", flat=True)
+            .first()
+        )
+        tokens += last or 0
+    facts = auto_model.TaskFacts(tier=plan.tier, text=text, prompt_tokens=tokens)
+    choice = auto_model.configured_chooser().choose(facts)
+    if choice.pool != settings.AUTO_MODEL_SMALL:
+        try:
+            plan_pool(plan=plan, pool=pool_named(model=choice.pool))
+        except ServiceError:
+            return auto_model.Choice(settings.AUTO_MODEL_SMALL, "plan_limit")
+    return choice
+
+
+def _record_auto_choice(generation: Generation, answer: Message, choice: auto_model.Choice) -> None:
+    """The generation and its answer record which pool the `auto` model chose, and why."""
+    reason = f"auto_{choice.reason}"
+    Generation.objects.filter(pk=generation.pk).update(route_reason=reason)
+    generation.route_reason = reason
+    route = {"model": choice.pool, "reason": reason, "notice": auto_model.notice(choice)}
+    Message.objects.filter(pk=answer.pk).update(
+        model=choice.pool,
+        metadata=RawSQL(
+            "metadata || %s::jsonb", [json.dumps({"route": route})], output_field=JSONField()
+        ),
+    )
 
 
 def _queued_turn(
@@ -235,7 +285,8 @@ def _write_and_start(
     # flag of a blocked text commits on its own here, so it survives the refusal.
     moderation_ensure_can_send(user=user)
     plan = plan_for_user(user=user)
-    pool = pool_named(model=conversation.model)
+    choice = _auto_choice(plan=plan, conversation=conversation, content=content)
+    pool = pool_named(model=choice.pool if choice else conversation.model)
     # Billing is the one judge of whether the plan may use the model (403 if not).
     limits = pool_limits(plan=plan, pool=pool)
     wanted = max_tokens or plan.max_output_tokens
@@ -264,6 +315,8 @@ def _write_and_start(
                 branch=written.branch,
                 new_conversation=saved is None,
             )
+            if choice is not None:
+                _record_auto_choice(generation, placeholder, choice)
     except BaseException:
         if generation is not None:
             # The rows rolled back after the reservation was made: give it back now.

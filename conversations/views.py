@@ -27,6 +27,8 @@ from moderation.selectors import warnings_unseen
 def _chat_page(request: HttpRequest, conversation: Conversation | None) -> HttpResponse:
     user = request_user(request)
     models = [pool.name for pool in pools_for_plan(plan=plan_for_user(user=user))]
+    if settings.AUTO_MODEL and settings.AUTO_MODEL_SMALL in models:
+        models.append(settings.AUTO_MODEL)  # each answer by the small or the large pool
     default_model = settings.DEFAULT_MODEL if settings.DEFAULT_MODEL in models else None
     config: dict[str, Any] = {
         "conversationId": str(conversation.pk) if conversation else None,

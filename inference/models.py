@@ -111,6 +111,12 @@ class Generation(models.Model):
     class RouteReason(models.TextChoices):
         REQUESTED = "", "as requested"
         HIGH_DEMAND = "high_demand", "fallback: high demand"
+        # The `auto` model's choice (conversations/auto_model.py), by its reason.
+        AUTO_CODE = "auto_code", "auto: code"
+        AUTO_LONG_PROMPT = "auto_long_prompt", "auto: long prompt"
+        AUTO_PLAN = "auto_plan", "auto: plan"
+        AUTO_SIMPLE = "auto_simple", "auto: simple task"
+        AUTO_PLAN_LIMIT = "auto_plan_limit", "auto: the plan's model"
 
     id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
     message = models.OneToOneField(

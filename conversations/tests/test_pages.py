@@ -99,8 +99,10 @@ def test_the_model_picker_lists_only_the_pools_of_the_users_tier(logged_in: Clie
 
     html = logged_in.get("/").content.decode()
 
-    assert sorted(_picker_options(html)) == ["small-free", settings.DEFAULT_MODEL]
-    assert sorted(_config(html)["models"]) == ["small-free", settings.DEFAULT_MODEL]
+    # And `auto`, each answer by the small or the large pool, since the tier has the small one.
+    offered = sorted(["small-free", settings.DEFAULT_MODEL, settings.AUTO_MODEL])
+    assert sorted(_picker_options(html)) == offered
+    assert sorted(_config(html)["models"]) == offered
     selected = [
         attrs["value"] for tag, attrs in _tags(html) if tag == "option" and "selected" in attrs
     ]
