@@ -151,7 +151,15 @@ class Runs:
             # `_finish` withdraws the text (retract) and ends it as `content_filter`.
             await self._finish(run, Generation.Status.COMPLETE, services.CONTENT_FILTER)
         except asyncio.CancelledError:
-            await asyncio.shield(self._finish(run, Generation.Status.CANCELLED, "cancelled"))
+            # A cancel may come twice (its pub/sub message, then the job's cancel flag seen
+            # by housekeeping): the second must not cut the final write short.
+            finishing = asyncio.ensure_future(
+                self._finish(run, Generation.Status.CANCELLED, "cancelled")
+            )
+            while not finishing.done():
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.shield(finishing)
+            finishing.result()
             raise
         except Exception as exc:
             logger.exception("generation %s failed", gid)

@@ -6,6 +6,9 @@ the real vLLM worker is exercised in test_e2e_vllm.py.
 
 from __future__ import annotations
 
+import asyncio
+import threading
+import time
 from typing import Any
 
 import pytest
@@ -219,6 +222,44 @@ async def test_cancel_of_a_running_generation_closes_the_worker_request(
     assert generation.message.status == Message.Status.CANCELLED
     assert generation.message.content.startswith("tok0 ")
     assert generation.output_tokens is not None and generation.output_tokens > 0
+
+
+async def test_a_second_cancel_does_not_cut_the_final_write_short(
+    user: User, fake_workers: Any, monkeypatch: Any, caplog: Any
+) -> None:
+    # The pub/sub message and the job's cancel flag (housekeeping) may both cancel a run: the
+    # second one arriving while the first's final write is under way.
+    fake = fake_workers(tokens=500, token_delay=0.02)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    finishing = threading.Event()
+    real_finish = services.generation_finish
+
+    def slow_finish(**kwargs: Any) -> Any:
+        finishing.set()
+        time.sleep(0.5)
+        return real_finish(**kwargs)
+
+    monkeypatch.setattr(services, "generation_finish", slow_finish)
+    async with running_schedulers():
+
+        async def streaming() -> bool:
+            return "delta" in await sync_to_async(events_named)(turn.generation.id)
+
+        await wait_for(streaming)
+        redis = async_redis()
+        try:
+            gid = str(turn.generation.id)
+            await redis.publish(queue.cancel_channel(), gid)
+            await asyncio.to_thread(finishing.wait, 10)
+            await redis.publish(queue.cancel_channel(), gid)
+        finally:
+            await redis.aclose()
+        await wait_for(lambda: finished(turn.generation.id), within=10)
+
+    generation = await Generation.objects.aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.CANCELLED
+    assert "left unfinished" not in caplog.text
 
 
 async def test_generation_waiting_too_long_is_rejected(user: User, settings: Any) -> None:
