@@ -308,6 +308,9 @@ SCHEDULER_MAX_QUEUE_SECONDS = env_int("SCHEDULER_MAX_QUEUE_SECONDS", 20)
 # answer says so. 0 turns the fallback off.
 SCHEDULER_FALLBACK_AFTER_SECONDS = env_float("SCHEDULER_FALLBACK_AFTER_SECONDS", 5.0)
 SCHEDULER_FALLBACK_TIERS = env_list("SCHEDULER_FALLBACK_TIERS", ["free"])
+# Then new conversations of those tiers are refused (429, try again in 30 s) while this many of
+# their answers wait in the pool's queue; conversations already under way go on. 0: never.
+SCHEDULER_PRESSURE_QUEUED = env_int("SCHEDULER_PRESSURE_QUEUED", 32)
 # A worker that sends no token for this long, once an answer has begun, is treated as hung.
 SCHEDULER_STALL_SECONDS = env_int("SCHEDULER_STALL_SECONDS", 30)
 # Before its first token an answer may wait in vLLM's own queue behind a full batch (the

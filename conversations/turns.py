@@ -43,6 +43,7 @@ from inference.services import (
     GenerationRequest,
     generation_create,
     generation_enqueue,
+    pool_ensure_room_for_new,
     pool_named,
 )
 from inference.tokens import pool_tokenizer
@@ -289,6 +290,14 @@ def _write_and_start(
     pool = pool_named(model=choice.pool if choice else conversation.model)
     # Billing is the one judge of whether the plan may use the model (403 if not).
     limits = pool_limits(plan=plan, pool=pool)
+    pool_ensure_room_for_new(
+        pool=pool,
+        tier=plan.tier,
+        is_new=lambda: (
+            conversation._state.adding
+            or not Generation.objects.filter(conversation=conversation).exists()
+        ),
+    )
     wanted = max_tokens or plan.max_output_tokens
     max_tokens = min(wanted, plan.max_output_tokens, pool.max_output_tokens)
     verdict = None

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -87,6 +88,28 @@ def pool_named(*, model: str) -> ModelPool:
     if pool is None:
         raise ServiceError(ErrorCode.UNKNOWN_MODEL, f"No model named {model!r} is served.")
     return pool
+
+
+PRESSURE_RETRY_AFTER_SECONDS = 30
+
+
+def pool_ensure_room_for_new(*, pool: ModelPool, tier: str, is_new: Callable[[], bool]) -> None:
+    """The overload policy's last step before the queue time limit: while `pool`'s queue of
+    a degraded tier holds `SCHEDULER_PRESSURE_QUEUED` answers, a new conversation of that tier
+    (`is_new`, asked only then) is refused with 429."""
+    threshold = settings.SCHEDULER_PRESSURE_QUEUED
+    if threshold <= 0 or tier not in settings.SCHEDULER_FALLBACK_TIERS:
+        return
+    redis = sync_redis()
+    if int(redis.zcard(queue.queue_key(pool.name, tier))) < threshold or not is_new():
+        return
+    raise ServiceError(
+        ErrorCode.HIGH_DEMAND,
+        "Demand is high right now: new conversations on your plan wait a moment. Please try "
+        f"again in {PRESSURE_RETRY_AFTER_SECONDS} s.",
+        status=429,
+        detail={"retry_after": PRESSURE_RETRY_AFTER_SECONDS},
+    )
 
 
 def generation_create(

@@ -173,3 +173,32 @@ def test_a_prompt_too_long_for_the_fallback_stays(user: User) -> None:
     args = [str(queue.now_ms()), queue.job_key(""), small.name, "high_demand", "60", window]
     assert redis.eval(queue.MOVE_TO_FALLBACK, len(keys), *keys, *args) == []
     assert redis.zscore(queue.queue_key(big.name, tier), str(turn.generation.id)) is not None
+
+
+def test_under_pressure_new_free_conversations_wait_and_others_go_on(
+    user: User, api_client: APIClient, settings: Any
+) -> None:
+    settings.SCHEDULER_PRESSURE_QUEUED = 2
+    pool = register_pool(name="big-model")
+    subscribe(user, tier="free")
+    first, _ = send_to(user, pool), send_to(user, pool)  # two free answers waiting
+    # A new conversation is refused, in the API's error shape, with when to come back.
+    conversation = conversation_create(owner=user, model=pool.name)
+    response = api_client.post(
+        f"/api/v1/conversations/{conversation.pk}/messages", {"content": "Hi"}, format="json"
+    )
+    assert response.status_code == 429
+    assert response.json()["error"]["code"] == "high_demand"
+    assert response["Retry-After"] == "30"
+    assert not Generation.objects.filter(conversation=conversation).exists()
+    # A conversation already under way goes on (its last answer ended).
+    Generation.objects.filter(pk=first.generation.pk).update(status=Generation.Status.COMPLETE)
+    Message.objects.filter(pk=first.generation.message_id).update(status=Message.Status.COMPLETE)
+    sync_redis().zrem(queue.queue_key(pool.name, "free"), str(first.generation.pk))
+    send_to(user, pool)  # a third in the queue: still two or more waiting
+    follow_up = turn_send(user=user, conversation=first.conversation, content="And then?")
+    assert follow_up.generation is not None
+    # So does a paid user's new conversation.
+    pro_user = User.objects.create(username="pro-user")
+    subscribe(pro_user, tier="pro")
+    assert send_to(pro_user, pool).generation is not None
