@@ -9,6 +9,9 @@ The same trace (seeded) is played against each side in turn, over the same real 
   started here with `SCHEDULER_PLACEMENT=<placement>`);
 - `conversations:<placement>`: the conversation API as the web page uses it (the conversation
   created with its system prompt, then per turn `POST .../messages` and its Server-Sent Events).
+- `v1:<placement>+events`, `conversations:<placement>+events`: the same, with the scheduler
+  following the workers' KV cache events (`--kv-events`, the workers started with
+  `run_worker --kv-events-port`) instead of estimating what their caches hold.
 
 The trace: `--conversations` conversations arriving at `--rate` per second (Poisson), each of
 `--turns` turns with a think time (exponential, mean `--think` s) between an answer and the
