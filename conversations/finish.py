@@ -12,8 +12,6 @@ import json
 from typing import Any
 
 from django.db import transaction
-from django.db.models import JSONField
-from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from inference.hooks import InferenceHooks, Outcome
@@ -22,6 +20,7 @@ from inference.services import CONTENT_FILTER, generation_lock_unfinished
 from inference.tokens import count_tokens, pool_tokenizer
 
 from .models import Conversation, Message
+from .services import answers_set_route
 from .tasks import title_request_after_answer
 
 _MESSAGE_STATUS = {
@@ -144,14 +143,8 @@ class ConversationHooks(InferenceHooks):
         )
 
     def generations_routed(self, *, generation_ids: list[str], route: dict[str, str]) -> None:
-        # The answer's model is the pool that writes it; `route` says why it is not the
-        # conversation's (one statement: jsonb concatenation, not a read and a write each).
-        Message.objects.filter(generation__pk__in=generation_ids).update(
-            model=route["model"],
-            metadata=RawSQL(
-                "metadata || %s::jsonb", [json.dumps({"route": route})], output_field=JSONField()
-            ),
-            updated_at=timezone.now(),
+        answers_set_route(
+            answers=Message.objects.filter(generation__pk__in=generation_ids), route=route
         )
 
     def generation_tool_round(

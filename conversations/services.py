@@ -9,6 +9,7 @@ assistant placeholder return it: the caller enqueues its generation after commit
 from __future__ import annotations
 
 import itertools
+import json
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -16,6 +17,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.models import JSONField, QuerySet
+from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
 from chatsite.errors import ServiceError
@@ -440,3 +443,16 @@ def conversation_write_new_branch(
         conversation.save(force_insert=True)
         Message.objects.bulk_create(branch)
     return Written(rows[-1], placeholder, branch)
+
+
+def answers_set_route(*, answers: QuerySet[Message], route: dict[str, str]) -> int:
+    """The answers were (or will be) written by another pool than the conversation's: their
+    model is that pool, and `route` (model, reason, notice) says why. One statement (jsonb
+    concatenation), not a read and a write per answer."""
+    return answers.update(
+        model=route["model"],
+        metadata=RawSQL(
+            "metadata || %s::jsonb", [json.dumps({"route": route})], output_field=JSONField()
+        ),
+        updated_at=timezone.now(),
+    )

@@ -22,8 +22,6 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth.models import User
 from django.db import transaction
-from django.db.models import JSONField
-from django.db.models.expressions import RawSQL
 
 from billing.models import Plan
 from billing.quota import Limits
@@ -203,12 +201,7 @@ def _record_auto_choice(generation: Generation, answer: Message, choice: auto_mo
     Generation.objects.filter(pk=generation.pk).update(route_reason=reason)
     generation.route_reason = reason
     route = {"model": choice.pool, "reason": reason, "notice": auto_model.notice(choice)}
-    Message.objects.filter(pk=answer.pk).update(
-        model=choice.pool,
-        metadata=RawSQL(
-            "metadata || %s::jsonb", [json.dumps({"route": route})], output_field=JSONField()
-        ),
-    )
+    services.answers_set_route(answers=Message.objects.filter(pk=answer.pk), route=route)
 
 
 def _queued_turn(
