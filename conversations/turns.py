@@ -195,13 +195,15 @@ def _auto_choice(
     return choice
 
 
-def _record_auto_choice(generation: Generation, answer: Message, choice: auto_model.Choice) -> None:
-    """The generation and its answer record which pool the `auto` model chose, and why."""
-    reason = f"auto_{choice.reason}"
-    Generation.objects.filter(pk=generation.pk).update(route_reason=reason)
-    generation.route_reason = reason
-    route = {"model": choice.pool, "reason": reason, "notice": auto_model.notice(choice)}
-    services.answers_set_route(answers=Message.objects.filter(pk=answer.pk), route=route)
+def _auto_route(choice: auto_model.Choice | None) -> dict[str, str] | None:
+    """The `auto` model's choice as the generation, its answer and its stream record it."""
+    if choice is None:
+        return None
+    return {
+        "model": choice.pool,
+        "reason": f"auto_{choice.reason}",
+        "notice": auto_model.notice(choice),
+    }
 
 
 def _queued_turn(
@@ -316,9 +318,8 @@ def _write_and_start(
                 tool_choice=tool_choice,
                 branch=written.branch,
                 new_conversation=saved is None,
+                route=_auto_route(choice),
             )
-            if choice is not None:
-                _record_auto_choice(generation, placeholder, choice)
     except BaseException:
         if generation is not None:
             # The rows rolled back after the reservation was made: give it back now.
@@ -362,9 +363,12 @@ def generation_start(
     tool_choice: str | dict[str, Any] | None = None,
     branch: Sequence[Message] | None = None,
     new_conversation: bool = False,
+    route: dict[str, str] | None = None,
 ) -> Generation:
     """Assemble the context for a queued assistant placeholder, reserve, and queue its
-    generation after commit: steps 4-6 of a turn.
+    generation after commit: steps 4-6 of a turn. `route`: why `pool` answers if it is not
+    the conversation's (the `auto` model's choice), recorded on the generation and its answer
+    and told in its stream.
 
     `branch`: the branch on screen as the tree change just wrote it (root first, ending with
     the placeholder; `services.Written`), taken as it is instead of read back. A
@@ -409,7 +413,10 @@ def generation_start(
         pool=pool,
         tier=plan.tier,
         max_tokens=max_tokens,
+        route_reason=route["reason"] if route else "",
     )
+    if route:
+        services.answers_set_route(answers=Message.objects.filter(pk=message.pk), route=route)
     # Reserve the prompt estimate plus max output tokens against every limit of the plan at
     # once; a refusal (413/429) rolls the turn back.
     reservation_create(generation=generation, prompt_tokens=prompt_tokens, limits=limits)
@@ -424,6 +431,7 @@ def generation_start(
             run_tools=run_tools,
             # A `/v1` client named its model: only the web chat's answers may fall back.
             may_fall_back=conversation.source == Conversation.Source.WEB,
+            route=route,
         ),
     )
     return generation

@@ -75,6 +75,9 @@ class GenerationRequest:
     run_tools: bool = False
     # Under pressure, the pool's fallback may answer instead (`SCHEDULER_FALLBACK_*`).
     may_fall_back: bool = False
+    # Why this pool answers when it is not the conversation's (`auto`): its `reason` and the
+    # `notice` the stream's first event carries.
+    route: dict[str, str] | None = None
 
 
 def pool_named(*, model: str) -> ModelPool:
@@ -120,8 +123,10 @@ def generation_create(
     pool: ModelPool,
     tier: str,
     max_tokens: int,
+    route_reason: str = "",
 ) -> Generation:
-    """The row of a generation answering the assistant message `message_id`, not yet queued."""
+    """The row of a generation answering the assistant message `message_id`, not yet queued;
+    `route_reason` says why `pool` answers if it is not the conversation's."""
     return Generation.objects.create(
         message_id=message_id,
         conversation_id=conversation_id,
@@ -130,6 +135,7 @@ def generation_create(
         tier=tier,
         priority=tier_priority(tier),
         max_tokens=max_tokens,
+        route_reason=route_reason,
     )
 
 
@@ -166,6 +172,11 @@ def generation_enqueue(*, generation: Generation, request: GenerationRequest) ->
                 "model": job.pool,
                 "status": "queued",
                 "prompt_tokens_estimate": request.prompt_tokens,
+                **(
+                    {"route_reason": request.route["reason"], "notice": request.route["notice"]}
+                    if request.route
+                    else {}
+                ),
             },
         )
         queue.enqueue(redis, job)

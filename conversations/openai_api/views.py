@@ -88,7 +88,13 @@ def _method_not_allowed(allowed: str) -> JsonResponse:
 
 
 def _pools(key: ApiKey) -> list[dict[str, Any]]:
-    return [shapes.model_object(pool) for pool in pools_for_plan(plan=plan_for_user(user=key.user))]
+    pools = pools_for_plan(plan=plan_for_user(user=key.user))
+    listed = [shapes.model_object(pool) for pool in pools]
+    small = next((pool for pool in pools if pool.name == settings.AUTO_MODEL_SMALL), None)
+    if settings.AUTO_MODEL and small is not None:
+        # Each answer by the small or the large pool; the answer's `model` names the one.
+        listed.append({**shapes.model_object(small), "id": settings.AUTO_MODEL})
+    return listed
 
 
 @csrf_exempt

@@ -12,11 +12,11 @@ from rest_framework.test import APIClient
 from billing.tests.factories import subscribe
 from conversations.auto_model import Choice, RuleChooser, TaskFacts, has_code
 from conversations.models import Message
-from conversations.turns import conversation_start, turn_send
+from conversations.turns import conversation_start, turn_from_messages, turn_send
 from inference.models import Generation, ModelPool
-from inference.tests.fixtures import register_pool
+from inference.tests.fixtures import register_pool, stream_events
 
-pytestmark = pytest.mark.django_db
+pytestmark = pytest.mark.django_db(transaction=True)  # the stream is written on commit
 
 
 @pytest.fixture
@@ -86,6 +86,10 @@ def test_an_auto_turn_records_the_pool_and_why(
     ).json()
     assert body["model"] == "large-model"
     assert body["route"]["notice"] == "Auto chose large-model: it involves code."
+    # The stream says so from its first event.
+    meta = next(data for name, data in stream_events(second.pk) if name == "meta")
+    assert meta["model"] == "large-model" and meta["route_reason"] == "auto_code"
+    assert meta["notice"] == "Auto chose large-model: it involves code."
     # The conversation stays `auto`: the next turn is judged again.
     conversation.refresh_from_db()
     assert conversation.model == "auto"
@@ -100,6 +104,28 @@ def test_a_plan_without_the_large_pool_gets_the_small_one(auto: None, user: User
     turn = turn_send(user=user, conversation=conversation, content="def f(): pass")
     generation = Generation.objects.get(pk=turn.generation.pk)
     assert (generation.pool_id, generation.route_reason) == (small.pk, "auto_plan_limit")
+
+
+def test_the_api_lists_auto(auto: None, user: User, api_client: APIClient) -> None:
+    pools()
+    subscribe(user, tier="free")
+    ids = [model["id"] for model in api_client.get("/v1/models").json()["data"]]
+    assert "auto" in ids and "small-model" in ids
+
+
+def test_an_api_request_for_auto_is_answered_by_the_chosen_pool(auto: None, user: User) -> None:
+    small, large = pools()
+    subscribe(user, tier="free")
+    turn = turn_from_messages(
+        user=user,
+        model="auto",
+        system_prompt="",
+        messages=[("user", "Why does this fail?\n```\nprint(1/0)\n```")],
+    )
+    generation = Generation.objects.get(pk=turn.generation.pk)
+    assert (generation.pool_id, generation.route_reason) == (large.pk, "auto_code")
+    meta = next(data for name, data in stream_events(generation.pk) if name == "meta")
+    assert meta["model"] == "large-model"
 
 
 def test_the_picker_offers_auto(auto: None, user: User, client: Any) -> None:

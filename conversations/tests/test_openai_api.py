@@ -82,7 +82,8 @@ def test_models_lists_only_the_pools_the_plan_may_use(user: User) -> None:
     assert response.status_code == 200
     body = response.json()
     assert body["object"] == "list"
-    assert [model["id"] for model in body["data"]] == ["smollm2-135m"]
+    # The plan's pools, then `auto` (answered by the small pool or the large).
+    assert [model["id"] for model in body["data"]] == ["smollm2-135m", "auto"]
     assert body["data"][0]["object"] == "model"
     assert isinstance(body["data"][0]["created"], int)
     assert response["x-ratelimit-limit-requests"]

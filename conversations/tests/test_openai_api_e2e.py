@@ -61,7 +61,8 @@ def test_the_sync_client_gets_whole_and_streamed_answers_with_usage(
     )
     chunks = list(
         client.chat.completions.create(
-            model=MODEL,
+            # `auto` picks the small pool for a short question: the same model answers.
+            model="auto",
             messages=QUESTION,
             max_completion_tokens=MAX_TOKENS,
             temperature=0,
@@ -70,7 +71,7 @@ def test_the_sync_client_gets_whole_and_streamed_answers_with_usage(
         )
     )
 
-    assert [model.id for model in models.data] == [MODEL]
+    assert [model.id for model in models.data] == [MODEL, "auto"]
     text = completion.choices[0].message.content
     assert text and text.strip()
     assert completion.choices[0].finish_reason in {"stop", "length"}
@@ -88,6 +89,7 @@ def test_the_sync_client_gets_whole_and_streamed_answers_with_usage(
 
     streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert streamed.strip()
+    assert {c.model for c in chunks} == {MODEL}
     # Greedy decoding of the same prompt: the same answer, streamed in pieces.
     assert streamed == text
     assert chunks[-1].usage is not None
