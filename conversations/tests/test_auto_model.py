@@ -114,7 +114,7 @@ def test_the_api_lists_auto(auto: None, user: User, api_client: APIClient) -> No
 
 
 def test_an_api_request_for_auto_is_answered_by_the_chosen_pool(auto: None, user: User) -> None:
-    small, large = pools()
+    _small, large = pools()
     subscribe(user, tier="free")
     turn = turn_from_messages(
         user=user,
