@@ -47,6 +47,7 @@ import argparse
 import hashlib
 import heapq
 import itertools
+import math
 import os
 import random
 import sys
@@ -67,12 +68,15 @@ import django  # noqa: E402
 
 django.setup()
 
+from django.conf import settings  # noqa: E402
+
 from benchmarks.common import percentile, render, write_result  # noqa: E402
 from inference.scheduler.placement import (  # noqa: E402
     Candidate,
     PlacementRequest,
     PredictedTTFTPolicy,
     Speed,
+    decayed_rate,
 )
 from inference.scheduler.prefix import MemoryIndex, block_hashes  # noqa: E402
 
@@ -252,13 +256,42 @@ class RouterState:
     index: MemoryIndex = field(default_factory=MemoryIndex)  # what was sent where
     in_flight: list[int] = field(default_factory=list)
     backlog: list[int] = field(default_factory=list)  # placed prompt tokens not yet read
+    reading: list[int] = field(default_factory=list)  # the turns they belong to
+    rates: list[tuple[float, float]] = field(default_factory=list)  # placements/s, as of ms
+    rate_rank: list[float] = field(default_factory=list)
+    # Kept as they change, for the shortlist: the load order, and the index's sizes.
+    busy: list[float] = field(default_factory=list)
+    sizes: list[int] = field(default_factory=list)
+    now_ms: float = 0.0
     turn: int = 0
     ring: list[tuple[int, int]] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         self.in_flight = [0] * self.workers
         self.backlog = [0] * self.workers
+        self.reading = [0] * self.workers
+        self.rates = [(0.0, 0.0)] * self.workers
+        self.rate_rank = [-math.inf] * self.workers
+        self.busy = [0.0] * self.workers
+        self.sizes = [0] * self.workers
         self.ring = sorted((_hash(f"{w}-{v}"), w) for w in range(self.workers) for v in range(100))
+
+    def changed(self, worker: int) -> None:
+        """Its leases, backlog or index changed."""
+        self.busy[worker] = self.in_flight[worker] * 1_000_000 + self.backlog[worker]
+        self.sizes[worker] = self.index.size(worker)
+
+    def rate(self, worker: int) -> float:
+        """The worker's placements per second lately, as the live scheduler keeps it."""
+        rate, at = self.rates[worker]
+        return decayed_rate(rate, self.now_ms - at, settings.SCHEDULER_PLACEMENT_RATE_SECONDS)
+
+    def placed(self, worker: int) -> None:
+        seconds = settings.SCHEDULER_PLACEMENT_RATE_SECONDS
+        rate = self.rate(worker) + 1 / seconds
+        self.rates[worker] = (rate, self.now_ms)
+        # The rates decay alike: this orders the workers as their rates do, at any time.
+        self.rate_rank[worker] = math.log(rate) + self.now_ms / (seconds * 1000)
 
 
 def _hash(text: str) -> int:
@@ -320,22 +353,30 @@ def pick_llmd(state: RouterState, turn: Turn, hashes: list[str], rng: Any) -> in
 
 
 def ours(policy: PredictedTTFTPolicy, shortlist: int) -> Policy:
-    """The live policy, handed the workers holding part of the prompt and the `shortlist`
-    least busy others (the rest would predict no sooner a first token than those)."""
+    """The live policy, handed the workers holding part of the prompt and the `shortlist` least
+    busy others (the rest would predict no sooner a first token than those); for a prompt
+    nobody holds, also the `shortlist` with the smallest caches, least lately placed on
+    (where the policy sends such a prompt)."""
 
     def pick(state: RouterState, turn: Turn, hashes: list[str], rng: Any) -> int:
         matched = state.index.longest(hashes)
         size = state.model.block_size
         workers: Sequence[int] = range(state.workers)
-        if state.workers > shortlist + len(matched):
-            busy = [state.in_flight[w] * 1_000_000 + state.backlog[w] for w in workers]
-            workers = sorted({*matched, *heapq.nsmallest(shortlist, workers, key=busy.__getitem__)})
+        if state.workers > 2 * shortlist + len(matched):
+            least_busy = heapq.nsmallest(shortlist, zip(state.busy, workers, strict=True))
+            chosen = {*matched, *(w for _, w in least_busy)}
+            if not matched:
+                roomy = zip(state.sizes, state.rate_rank, workers, strict=True)
+                chosen.update(w for _, _, w in heapq.nsmallest(shortlist, roomy))
+            workers = sorted(chosen)
         candidates = [
             Candidate(
                 id=w,
                 leases=state.in_flight[w],
                 cached_tokens=matched.get(w, 0) * size,
                 prefill_backlog=state.backlog[w],
+                prefill_requests=state.reading[w],
+                placement_rate=state.rate(w),
                 held_blocks=state.index.size(w),
             )
             for w in workers
@@ -410,6 +451,7 @@ def simulate(
             conversation, index = payload
             turn = turn_of(conversation, index, now)
             hashes = block_hashes(turn.tokens, model.block_size)
+            state.now_ms = now
             started = time.perf_counter()
             worker_id = pick(state, turn, hashes, rng)
             (estimate,) = state.index.matched_blocks([worker_id], hashes)
@@ -418,6 +460,9 @@ def simulate(
             placed[id(turn)] = len(turn.tokens) - estimate * model.block_size
             state.in_flight[worker_id] += 1
             state.backlog[worker_id] += placed[id(turn)]
+            state.reading[worker_id] += 1 if placed[id(turn)] > 0 else 0
+            state.placed(worker_id)
+            state.changed(worker_id)
             turn.worker = worker_id
             turns.append(turn)
             worker = fleet[worker_id]
@@ -436,11 +481,14 @@ def simulate(
             for turn in first:
                 turn.first_token_ms = end
                 state.backlog[worker.id] -= placed[id(turn)]
+                state.reading[worker.id] -= 1 if placed[id(turn)] > 0 else 0
+                state.changed(worker.id)
             for turn in finished:
                 state.in_flight[worker.id] -= 1
                 conversation = trace[turn.conversation]
                 sequence = block_hashes(turn.tokens + turn.answer, model.block_size)
                 state.index.record(worker.id, sequence, capacity=model.num_blocks, now_ms=int(end))
+                state.changed(worker.id)
                 if turn.index + 1 < args.turns:
                     heapq.heappush(
                         events,

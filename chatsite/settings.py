@@ -327,13 +327,19 @@ SCHEDULER_PLACEMENT = os.environ.get("SCHEDULER_PLACEMENT", "predicted_ttft")
 # predicted_ttft's model of a worker until its own first tokens are fitted (`TTFTFit`): a
 # first token takes BASE + MS_PER_TOKEN per prompt token to read first + MS_PER_STREAM per
 # answer decoding there; each of those answers loses INTERFERENCE times the new prompt's
-# reading time. The defaults are a vLLM CPU worker's: 150 ms to a first token alone, and the
+# reading time, and each request there still waiting for its first token CROWDING times it
+# (benchmarks/fleet_sim.py: 1.0 lowered TTFT p99 on 64 and 256 workers past capacity, against
+# 0). PLACEMENT_RATE_SECONDS: how fast a worker's rate of placements forgets (a time constant),
+# which sends a new prompt to the least lately used among the workers with the smallest caches.
+# The defaults are a vLLM CPU worker's: 150 ms to a first token alone, and the
 # middle of the fits the scheduler made on benchmarks/router_race.py's trace (1.2-2.3 ms per
 # token, 2-60 ms per stream).
 SCHEDULER_TTFT_BASE_MS = env_float("SCHEDULER_TTFT_BASE_MS", 150.0)
 SCHEDULER_TTFT_MS_PER_TOKEN = env_float("SCHEDULER_TTFT_MS_PER_TOKEN", 1.5)
 SCHEDULER_TTFT_MS_PER_STREAM = env_float("SCHEDULER_TTFT_MS_PER_STREAM", 15.0)
 SCHEDULER_TTFT_INTERFERENCE = env_float("SCHEDULER_TTFT_INTERFERENCE", 0.1)
+SCHEDULER_TTFT_CROWDING = env_float("SCHEDULER_TTFT_CROWDING", 1.0)
+SCHEDULER_PLACEMENT_RATE_SECONDS = env_float("SCHEDULER_PLACEMENT_RATE_SECONDS", 5.0)
 # A request stays with its home (the worker holding most of its prompt, or the conversation's
 # last one) unless another predicts a first token sooner by more than this share and this many
 # ms. Tuned on the race's trace with another seed: 0.2/50 hit 0.830 of prompt tokens, 1.0/200

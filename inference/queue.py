@@ -12,6 +12,7 @@ scheduler replicas and edge processes can share one Redis without locks:
                      a replica that dies stops renewing, and its leases lapse by themselves
 - `lease-tokens:<worker>`, `prefill:<worker>`  hashes: per lease, the tokens it may hold in the
                      KV cache, and the prompt tokens it has yet to read
+- `placed:<worker>`  hash: the worker's rate of placements lately (`rate`/s as of `at` ms)
 - `{prefix}:<worker>` the blocks the worker's KV cache holds, as estimated (scheduler/prefix.py)
 - `aff:<conv>`       the worker that served the conversation's last turn
 - `metrics:<worker>` the worker's last load reading, for placement and the admin
@@ -73,6 +74,11 @@ def lease_tokens_key(worker_id: object) -> str:
 def prefill_key(worker_id: object) -> str:
     """The prompt tokens each lease on a worker has yet to read (until its first token)."""
     return key("prefill", worker_id)
+
+
+def placed_key(worker_id: object) -> str:
+    """The rate of placements on a worker (`rate` per second, as of `at` ms)."""
+    return key("placed", worker_id)
 
 
 def affinity_key(conversation_id: object) -> str:

@@ -40,15 +40,24 @@ from ..client import WorkerLoad
 from ..models import ModelPool, Worker
 from ..tokens import pool_tokenizer_folder
 from . import prefix
-from .placement import Candidate, PlacementPolicy, PlacementRequest, TTFTFit, configured_policy
+from .placement import (
+    Candidate,
+    PlacementPolicy,
+    PlacementRequest,
+    TTFTFit,
+    configured_policy,
+    decayed_rate,
+)
 
 logger = logging.getLogger(__name__)
 
 # Take a lease on a worker only while it has room: fewer leases than its concurrency, and
 # (with a token budget, ARGV[6] > 0) room in its KV cache for this one's tokens; an idle
 # worker takes any one. Expired leases (a dead replica's) are dropped first, so capacity heals
-# by itself. KEYS: the leases, their tokens, the prompt tokens they have yet to read. ARGV:
-# now, concurrency, expiry, generation id, its tokens, the budget, its prompt tokens to read.
+# by itself. A lease taken raises the worker's rate of placements (`placement.decayed_rate`).
+# KEYS: the leases, their tokens, the prompt tokens they have yet to read, the rate. ARGV:
+# now, concurrency, expiry, generation id, its tokens, the budget, its prompt tokens to read,
+# the rate's time constant in ms.
 ACQUIRE_LEASE = """
 local expired = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1])
 if #expired > 0 then
@@ -74,6 +83,14 @@ redis.call('HSET', KEYS[2], ARGV[4], ARGV[5])
 if tonumber(ARGV[7]) > 0 then
   redis.call('HSET', KEYS[3], ARGV[4], ARGV[7])
 end
+local tau = tonumber(ARGV[8])
+local now = tonumber(ARGV[1])
+local last = redis.call('HMGET', KEYS[4], 'rate', 'at')
+local rate = tonumber(last[1]) or 0
+local at = tonumber(last[2]) or now
+rate = rate * math.exp(-math.max(0, now - at) / tau) + 1000 / tau
+redis.call('HSET', KEYS[4], 'rate', tostring(rate), 'at', ARGV[1])
+redis.call('PEXPIRE', KEYS[4], math.floor(tau * 20))
 return 1
 """
 
@@ -93,8 +110,12 @@ class WorkerView:
     tokenizer_folder: str = ""
     load: WorkerLoad | None = None
     leases: int = 0
-    # Prompt tokens placed on it that it has not read yet (every replica's placements).
+    # Prompt tokens placed on it that it has not read yet (every replica's placements), and
+    # the requests they belong to.
     backlog: int = 0
+    backlog_requests: int = 0
+    # Requests placed on it lately, per second (every replica's; `placement.decayed_rate`).
+    placement_rate: float = 0.0
     # The blocks its KV cache holds, by the prefix index.
     held_blocks: int = 0
     # Where it publishes vLLM's KV cache events, if it does (`kv_events.py`).
@@ -211,12 +232,21 @@ class Capacity:
                 pipe.zcount(queue.lease_key(view.id), now, "+inf")
                 pipe.hvals(queue.prefill_key(view.id))
                 pipe.zcard(prefix.index_key(view.id))
+                pipe.hmget(queue.placed_key(view.id), "rate", "at")
             measured = await pipe.execute()
-        readings = zip(views, measured[0::3], measured[1::3], measured[2::3], strict=True)
-        for view, count, backlog, held in readings:
+        readings = zip(views, *(measured[i::4] for i in range(4)), strict=True)
+        for view, count, backlog, held, (rate, at) in readings:
             view.leases = int(count)
             view.backlog = sum(int(tokens) for tokens in backlog)
+            view.backlog_requests = len(backlog)
             view.held_blocks = int(held)
+            view.placement_rate = (
+                decayed_rate(
+                    float(rate), now - float(at), settings.SCHEDULER_PLACEMENT_RATE_SECONDS
+                )
+                if rate is not None and at is not None
+                else 0.0
+            )
         return [v for v in views if v.has_room()]
 
     async def place(self, job: queue.Job, views: list[WorkerView]) -> list[Placement]:
@@ -268,6 +298,8 @@ class Capacity:
             kv_cache_percent=load.kv_cache_percent,
             cached_tokens=placement.cached_tokens,
             prefill_backlog=view.backlog,
+            prefill_requests=view.backlog_requests,
+            placement_rate=view.placement_rate,
             held_blocks=view.held_blocks,
             speed=fit.speed() if fit is not None else None,
         )
@@ -287,10 +319,11 @@ class Capacity:
         now = queue.now_ms()
         ok = await self.redis.eval(
             ACQUIRE_LEASE,
-            3,
+            4,
             queue.lease_key(view.id),
             queue.lease_tokens_key(view.id),
             queue.prefill_key(view.id),
+            queue.placed_key(view.id),
             str(now),
             str(view.lease_limit(tier)),
             str(now + queue.LEASE_SECONDS * 1000),
@@ -298,12 +331,14 @@ class Capacity:
             str(max(0, tokens)),
             str(view.token_budget(tier)),
             str(placement.uncached_tokens),
+            str(settings.SCHEDULER_PLACEMENT_RATE_SECONDS * 1000),
         )
         if not ok:
             return None
         self.leases[generation_id] = view.id
         view.leases += 1
         view.backlog += placement.uncached_tokens
+        view.backlog_requests += 1 if placement.uncached_tokens > 0 else 0
         if placement.prompt is not None and view.id not in self.exact:
             await self.index.record(
                 view.id,

@@ -15,6 +15,7 @@ implementation per policy and a factory) and vLLM production-stack's `RoutingInt
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
@@ -36,8 +37,13 @@ class Candidate:
     kv_cache_percent: float = 0.0
     # The request's prompt tokens this worker holds in its KV cache (the prefix index).
     cached_tokens: int = 0
-    # Prompt tokens placed on it that it has not finished reading (no first token yet).
+    # Prompt tokens placed on it that it has not finished reading (no first token yet), and
+    # the requests they belong to.
     prefill_backlog: int = 0
+    prefill_requests: int = 0
+    # Requests placed on it lately, per second (decayed; `Capacity`): with the conversations
+    # they belong to, what will come back to it, which its leases now do not show.
+    placement_rate: float = 0.0
     # The blocks its KV cache holds, by the index (how much it already keeps for others).
     held_blocks: int = 0
     # Its speed as measured (`TTFTFit`); None: the model's defaults.
@@ -48,6 +54,13 @@ class Candidate:
         """What a new request would queue behind: the generations placed on it, and those
         vLLM could not fit in its batch yet."""
         return self.leases + self.waiting
+
+
+def decayed_rate(rate: float, elapsed_ms: float, seconds: float) -> float:
+    """A rate of placements per second as it stands `elapsed_ms` after it was last raised,
+    forgetting with the time constant `seconds`; each placement raises it by 1 / `seconds`, so
+    that at a steady pace it is that pace."""
+    return rate * math.exp(-max(0.0, elapsed_ms) / (seconds * 1000))
 
 
 @dataclass(frozen=True)
@@ -126,7 +139,9 @@ class PredictedTTFTPolicy:
     Per candidate: its speed times the prompt tokens it must read first (its backlog, and the
     part of this prompt its cache lacks) and the answers it is decoding; plus, for each of
     those answers, `interference` times this prompt's own reading time (they stall while it
-    is read).
+    is read); plus, for each request there still waiting for its first token, `crowding` times
+    that reading time (vLLM reads them in the same steps, so each first token waits for this
+    prompt too).
 
     The request's home keeps it unless another worker predicts better by more than
     `hysteresis` (a share) and `hysteresis_ms`: the worker holding the longest part of its
@@ -136,7 +151,8 @@ class PredictedTTFTPolicy:
     conversation's history where its next turns will look for it. A prompt no worker holds
     any of goes, among the workers within the hysteresis of the best, to the one whose cache
     keeps least for others (SGLang's "smallest tree"), so that distinct prompts spread over
-    the fleet's caches. Ties go to the lowest id."""
+    the fleet's caches; among those, to the one placed on least lately (its conversations
+    between turns are load its leases do not show). Ties go to the lowest id."""
 
     def __init__(
         self,
@@ -144,11 +160,13 @@ class PredictedTTFTPolicy:
         interference: float | None = None,
         hysteresis: float | None = None,
         hysteresis_ms: float | None = None,
+        crowding: float | None = None,
         default_speed: Speed | None = None,
     ) -> None:
         self.interference = (
             settings.SCHEDULER_TTFT_INTERFERENCE if interference is None else interference
         )
+        self.crowding = settings.SCHEDULER_TTFT_CROWDING if crowding is None else crowding
         self.hysteresis = settings.SCHEDULER_HYSTERESIS if hysteresis is None else hysteresis
         self.hysteresis_ms = (
             settings.SCHEDULER_HYSTERESIS_MS if hysteresis_ms is None else hysteresis_ms
@@ -160,7 +178,8 @@ class PredictedTTFTPolicy:
 
     def cost(self, candidate: Candidate, request: PlacementRequest) -> float:
         ttft_ms, own_read_ms = self._predict(candidate, request)
-        return ttft_ms + self.interference * candidate.leases * own_read_ms
+        waiting = self.interference * candidate.leases + self.crowding * candidate.prefill_requests
+        return ttft_ms + waiting * own_read_ms
 
     def _predict(self, candidate: Candidate, request: PlacementRequest) -> tuple[float, float]:
         """(the predicted time to first token, this prompt's own reading time) in ms."""
@@ -188,7 +207,7 @@ class PredictedTTFTPolicy:
             # A prompt nobody holds: among the workers within the hysteresis, the one that
             # keeps least for others, so distinct prompts spread over the fleet's caches.
             near = [c for c in ranked if costs[c.id] <= bound]
-            roomiest = min(near, key=lambda c: (c.held_blocks, costs[c.id], c.id))
+            roomiest = min(near, key=lambda c: (c.held_blocks, c.placement_rate, costs[c.id], c.id))
             return [roomiest, *(c for c in ranked if c is not roomiest)]
         return ranked
 

@@ -20,6 +20,7 @@ from inference.scheduler.placement import (
     Speed,
     TTFTFit,
     configured_policy,
+    decayed_rate,
     load_policy,
 )
 
@@ -127,7 +128,13 @@ SPEED = Speed(base_ms=50, ms_per_token=1.0, ms_per_stream=10.0)
 
 
 def ttft_policy(**kwargs: Any) -> PredictedTTFTPolicy:
-    options = {"interference": 0.0, "hysteresis": 0.2, "hysteresis_ms": 50.0, **kwargs}
+    options = {
+        "interference": 0.0,
+        "crowding": 0.0,
+        "hysteresis": 0.2,
+        "hysteresis_ms": 50.0,
+        **kwargs,
+    }
     return PredictedTTFTPolicy(default_speed=SPEED, **options)
 
 
@@ -253,3 +260,36 @@ def test_a_prompt_nobody_holds_goes_to_the_cache_keeping_least_within_the_hyster
     # Once a worker holds part of the prompt, the cache sizes no longer decide.
     holder = Candidate(id=1, held_blocks=90, cached_tokens=128)
     assert ids(ttft_policy().order([holder, roomy, empty_but_slow], prompt(150))) == [1, 2, 3]
+
+
+def test_predicted_ttft_counts_the_first_tokens_read_with_it() -> None:
+    # Alone, 1 predicts 50 + 100 + 300 = 450 ms and 2 50 + 300 + 80 = 430 ms: 2.
+    reading = Candidate(id=1, prefill_backlog=100, prefill_requests=3)
+    decoding = Candidate(id=2, leases=8)
+    # The first tokens still waiting on a worker are read in the steps that read this prompt:
+    # each waits its 300 ms longer if it goes there.
+    few = Candidate(id=1, leases=1, prefill_backlog=100, prefill_requests=1)  # 460 + 300
+    many = Candidate(id=2, leases=8, prefill_requests=3)  # 430 + 900
+    assert ids(ttft_policy(crowding=1.0).order([few, many], prompt(300))) == [1, 2]
+    assert ids(ttft_policy().order([few, many], prompt(300))) == [2, 1]
+
+
+def test_a_new_prompt_goes_to_the_least_lately_used_of_equal_caches() -> None:
+    # Equal caches and within the hysteresis: the worker placed on least lately, whose
+    # conversations between turns will bring it least, even with more leases now.
+    lately_busy = Candidate(id=1, held_blocks=8, placement_rate=2.0)
+    quiet_lately = Candidate(id=2, leases=1, held_blocks=8, placement_rate=0.4)
+    assert ids(ttft_policy().order([lately_busy, quiet_lately], prompt(150))) == [2, 1]
+    # The smaller cache still comes first.
+    smaller = Candidate(id=1, held_blocks=4, placement_rate=2.0)
+    assert ids(ttft_policy().order([smaller, quiet_lately], prompt(150))) == [1, 2]
+
+
+def test_the_placement_rate_settles_at_the_pace_of_placements() -> None:
+    # One placement every 200 ms (5 a second), each raising the rate by 1 / 5 s.
+    rate = 0.0
+    for _ in range(300):
+        rate = decayed_rate(rate, 200, 5.0) + 1 / 5.0
+    assert rate == pytest.approx(5.0, rel=0.03)
+    # A minute without one, it is all but forgotten.
+    assert decayed_rate(rate, 60_000, 5.0) < 0.001

@@ -179,11 +179,18 @@ async def test_a_backlog_placed_by_one_replica_is_seen_by_another(redis: Any) ->
         assert admitted is not None and admitted.tokens == placed[0].prompt_tokens > 0
         (seen,) = await two.candidates("p")
         assert seen.backlog == placed[0].prompt_tokens and seen.leases == 1
+        assert seen.backlog_requests == 1
+        # One placement raised the worker's rate by 1 / SCHEDULER_PLACEMENT_RATE_SECONDS.
+        assert 0.9 / 5.0 < seen.placement_rate <= 1 / 5.0
         await one.first_token("b1", admitted, ttft_ms=120.0)
         (seen,) = await two.candidates("p")
-        assert seen.backlog == 0 and seen.leases == 1
+        assert seen.backlog == 0 and seen.leases == 1 and seen.backlog_requests == 0
+        assert await two.acquire(placed[0], "b2")
+        (seen,) = await one.candidates("p")
+        assert 1.8 / 5.0 < seen.placement_rate <= 2 / 5.0
     finally:
         await one.release("b1")
+        await two.release("b2")
         await second_redis.aclose()
 
 
