@@ -259,6 +259,9 @@ class RouterState:
     reading: list[int] = field(default_factory=list)  # the turns they belong to
     rates: list[tuple[float, float]] = field(default_factory=list)  # placements/s, as of ms
     rate_rank: list[float] = field(default_factory=list)
+    # The sum of every worker's rate * e^(at / time constant), so the pool's mean at any time
+    # is kept in O(1) (the rates decay alike).
+    rate_sum: float = 0.0
     # Kept as they change, for the shortlist: the load order, and the index's sizes.
     busy: list[float] = field(default_factory=list)
     sizes: list[int] = field(default_factory=list)
@@ -289,9 +292,16 @@ class RouterState:
     def placed(self, worker: int) -> None:
         seconds = settings.SCHEDULER_PLACEMENT_RATE_SECONDS
         rate = self.rate(worker) + 1 / seconds
+        previous, at = self.rates[worker]
+        self.rate_sum += rate * math.exp(self.now_ms / (seconds * 1000))
+        self.rate_sum -= previous * math.exp(at / (seconds * 1000))
         self.rates[worker] = (rate, self.now_ms)
         # The rates decay alike: this orders the workers as their rates do, at any time.
         self.rate_rank[worker] = math.log(rate) + self.now_ms / (seconds * 1000)
+
+    def mean_rate(self) -> float:
+        seconds = settings.SCHEDULER_PLACEMENT_RATE_SECONDS
+        return self.rate_sum * math.exp(-self.now_ms / (seconds * 1000)) / self.workers
 
 
 def _hash(text: str) -> int:
@@ -355,8 +365,9 @@ def pick_llmd(state: RouterState, turn: Turn, hashes: list[str], rng: Any) -> in
 def ours(policy: PredictedTTFTPolicy, shortlist: int) -> Policy:
     """The live policy, handed the workers holding part of the prompt and the `shortlist` least
     busy others (the rest would predict no sooner a first token than those); for a prompt
-    nobody holds, also the `shortlist` with the smallest caches, least lately placed on
-    (where the policy sends such a prompt)."""
+    nobody holds or a conversation's first turn, also the `shortlist` with the smallest
+    caches, least lately placed on (where the policy sends such a prompt, or spills such a
+    turn)."""
 
     def pick(state: RouterState, turn: Turn, hashes: list[str], rng: Any) -> int:
         matched = state.index.longest(hashes)
@@ -365,7 +376,7 @@ def ours(policy: PredictedTTFTPolicy, shortlist: int) -> Policy:
         if state.workers > 2 * shortlist + len(matched):
             least_busy = heapq.nsmallest(shortlist, zip(state.busy, workers, strict=True))
             chosen = {*matched, *(w for _, w in least_busy)}
-            if not matched:
+            if not matched or turn.index == 0:
                 roomy = zip(state.sizes, state.rate_rank, workers, strict=True)
                 chosen.update(w for _, _, w in heapq.nsmallest(shortlist, roomy))
             workers = sorted(chosen)
@@ -381,7 +392,12 @@ def ours(policy: PredictedTTFTPolicy, shortlist: int) -> Policy:
             )
             for w in workers
         ]
-        request = PlacementRequest(pool="sim", prompt_tokens=len(turn.tokens))
+        request = PlacementRequest(
+            pool="sim",
+            prompt_tokens=len(turn.tokens),
+            opening=turn.index == 0,
+            pool_placement_rate=state.mean_rate(),
+        )
         return policy.order(candidates, request)[0].id
 
     return pick

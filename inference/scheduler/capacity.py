@@ -256,12 +256,22 @@ class Capacity:
             pipe.get(queue.affinity_key(job.conversation_id))
             pipe.incr(queue.key("rr", job.pool))
             sticky, turn = await pipe.execute()
+        # The pool's rate of placements: every healthy worker's, with room now or not.
+        pool_views = [
+            v
+            for v in self.workers.values()
+            if v.pool == job.pool and v.state == Worker.State.HEALTHY
+        ] or views
         request = PlacementRequest(
             pool=job.pool,
             conversation_id=job.conversation_id,
             sticky_worker_id=_worker_id(sticky),
             turn=int(turn),
             prompt_tokens=placements[0].prompt_tokens if placements else 0,
+            opening=not any(m.get("role") == "assistant" for m in job.messages),
+            pool_placement_rate=(
+                sum(v.placement_rate for v in pool_views) / len(pool_views) if pool_views else 0.0
+            ),
         )
         by_id = {p.view.id: p for p in placements}
         candidates = [self._candidate(p) for p in placements]

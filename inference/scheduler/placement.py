@@ -75,6 +75,11 @@ class PlacementRequest:
     turn: int = 0
     # Its prompt's length in tokens, as the worker will read it (0: unknown).
     prompt_tokens: int = 0
+    # The first turn of a conversation (no answer in its prompt yet): more turns will follow
+    # it to the worker it goes to.
+    opening: bool = False
+    # The mean of the pool's workers' `placement_rate`.
+    pool_placement_rate: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -152,7 +157,13 @@ class PredictedTTFTPolicy:
     any of goes, among the workers within the hysteresis of the best, to the one whose cache
     keeps least for others (SGLang's "smallest tree"), so that distinct prompts spread over
     the fleet's caches; among those, to the one placed on least lately (its conversations
-    between turns are load its leases do not show). Ties go to the lowest id."""
+    between turns are load its leases do not show). Ties go to the lowest id.
+
+    A conversation's first turn leaves a home placed on more than `spill` times the pool's
+    mean rate for the worker with the smallest cache, least lately placed on: the prefix it
+    shares with others (a system prompt) is read once more there, and from then on two
+    workers hold it, so that a popular prompt does not pile its conversations on one worker
+    (0: never)."""
 
     def __init__(
         self,
@@ -161,12 +172,14 @@ class PredictedTTFTPolicy:
         hysteresis: float | None = None,
         hysteresis_ms: float | None = None,
         crowding: float | None = None,
+        spill: float | None = None,
         default_speed: Speed | None = None,
     ) -> None:
         self.interference = (
             settings.SCHEDULER_TTFT_INTERFERENCE if interference is None else interference
         )
         self.crowding = settings.SCHEDULER_TTFT_CROWDING if crowding is None else crowding
+        self.spill = settings.SCHEDULER_SPILL if spill is None else spill
         self.hysteresis = settings.SCHEDULER_HYSTERESIS if hysteresis is None else hysteresis
         self.hysteresis_ms = (
             settings.SCHEDULER_HYSTERESIS_MS if hysteresis_ms is None else hysteresis_ms
@@ -201,14 +214,27 @@ class PredictedTTFTPolicy:
         home = self.home(ranked, request)
         best = costs[ranked[0].id]
         bound = best * (1 + self.hysteresis) + self.hysteresis_ms
+
+        def roomiest_first(among: Sequence[Candidate]) -> list[Candidate]:
+            # The one that keeps least for others, so that prompts spread over the caches.
+            roomiest = min(
+                among, key=lambda c: (c.held_blocks, c.placement_rate, costs[c.id], c.id)
+            )
+            return [roomiest, *(c for c in ranked if c is not roomiest)]
+
+        if (
+            home is not None
+            and request.opening
+            and self.spill > 0
+            and request.pool_placement_rate > 0
+            and home.placement_rate > self.spill * request.pool_placement_rate
+        ):
+            return roomiest_first(ranked)
         if home is not None and costs[home.id] <= bound:
             return [home, *(c for c in ranked if c is not home)]
         if home is None and all(c.cached_tokens == 0 for c in ranked):
-            # A prompt nobody holds: among the workers within the hysteresis, the one that
-            # keeps least for others, so distinct prompts spread over the fleet's caches.
-            near = [c for c in ranked if costs[c.id] <= bound]
-            roomiest = min(near, key=lambda c: (c.held_blocks, c.placement_rate, costs[c.id], c.id))
-            return [roomiest, *(c for c in ranked if c is not roomiest)]
+            # A prompt nobody holds: among the workers within the hysteresis.
+            return roomiest_first([c for c in ranked if costs[c.id] <= bound])
         return ranked
 
     @staticmethod

@@ -131,6 +131,7 @@ def ttft_policy(**kwargs: Any) -> PredictedTTFTPolicy:
     options = {
         "interference": 0.0,
         "crowding": 0.0,
+        "spill": 0.0,
         "hysteresis": 0.2,
         "hysteresis_ms": 50.0,
         **kwargs,
@@ -263,9 +264,7 @@ def test_a_prompt_nobody_holds_goes_to_the_cache_keeping_least_within_the_hyster
 
 
 def test_predicted_ttft_counts_the_first_tokens_read_with_it() -> None:
-    # Alone, 1 predicts 50 + 100 + 300 = 450 ms and 2 50 + 300 + 80 = 430 ms: 2.
-    reading = Candidate(id=1, prefill_backlog=100, prefill_requests=3)
-    decoding = Candidate(id=2, leases=8)
+    # Without crowding, 1 predicts 50 + 100 + 300 + 10 = 460 ms and 2 50 + 300 + 80 = 430 ms.
     # The first tokens still waiting on a worker are read in the steps that read this prompt:
     # each waits its 300 ms longer if it goes there.
     few = Candidate(id=1, leases=1, prefill_backlog=100, prefill_requests=1)  # 460 + 300
@@ -293,3 +292,25 @@ def test_the_placement_rate_settles_at_the_pace_of_placements() -> None:
     assert rate == pytest.approx(5.0, rel=0.03)
     # A minute without one, it is all but forgotten.
     assert decayed_rate(rate, 60_000, 5.0) < 0.001
+
+
+def opening(tokens: int, pool_rate: float, *, first: bool = True) -> PlacementRequest:
+    return PlacementRequest(
+        pool="m", prompt_tokens=tokens, opening=first, pool_placement_rate=pool_rate
+    )
+
+
+def test_a_first_turn_spills_from_a_home_placed_on_past_the_pools_mean() -> None:
+    # 1 holds the shared system prompt and is placed on at 3/s; the pool's mean is 2/s.
+    home = Candidate(id=1, cached_tokens=512, held_blocks=40, placement_rate=3.0)
+    small = Candidate(id=2, held_blocks=4, placement_rate=1.0)
+    smaller_but_busier = Candidate(id=3, held_blocks=4, placement_rate=2.0)
+    workers = [home, small, smaller_but_busier]
+    # Past 1.2 x 2/s: the smallest cache least lately placed on reads the prompt again.
+    assert ids(ttft_policy(spill=1.2).order(workers, opening(600, 2.0))) == [2, 1, 3]
+    # Within it, or with spilling off, or a later turn (its own history is at home): home.
+    assert ids(ttft_policy(spill=1.2).order(workers, opening(600, 2.6)))[0] == 1
+    assert ids(ttft_policy(spill=0).order(workers, opening(600, 2.0)))[0] == 1
+    assert ids(ttft_policy(spill=1.2).order(workers, opening(600, 2.0, first=False)))[0] == 1
+    # No rate known for the pool: nothing to compare with.
+    assert ids(ttft_policy(spill=1.2).order(workers, opening(600, 0.0)))[0] == 1

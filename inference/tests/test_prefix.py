@@ -8,6 +8,7 @@ import json
 import os
 import random
 import subprocess
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,11 @@ from inference import prompts, queue
 from inference.client import WorkerLoad
 from inference.models import Worker
 from inference.scheduler.capacity import Capacity, WorkerView
-from inference.scheduler.placement import configured_policy
+from inference.scheduler.placement import (
+    Candidate,
+    PlacementRequest,
+    configured_policy,
+)
 from inference.scheduler.prefix import MemoryIndex, RedisIndex, block_hashes, index_key
 
 BLOCK = 4
@@ -192,6 +197,40 @@ async def test_a_backlog_placed_by_one_replica_is_seen_by_another(redis: Any) ->
         await one.release("b1")
         await two.release("b2")
         await second_redis.aclose()
+
+
+class Recording:
+    """A policy that keeps the requests it is asked to place (and orders by id)."""
+
+    def __init__(self) -> None:
+        self.requests: list[PlacementRequest] = []
+
+    def order(self, candidates: Sequence[Candidate], request: PlacementRequest) -> list[Candidate]:
+        self.requests.append(request)
+        return sorted(candidates, key=lambda c: c.id)
+
+
+async def test_placement_is_told_a_first_turn_and_the_pools_rate(redis: Any) -> None:
+    needs_model()
+    policy = Recording()
+    capacity = Capacity(redis, policy)
+    capacity.workers = {911: view(911), 912: view(912)}
+    try:
+        first = [SYSTEM, {"role": "user", "content": "hi"}]
+        views = await capacity.candidates("p")
+        placed = await capacity.place(job(first, "r1"), views)
+        assert await capacity.acquire(placed[0], "r1")
+        later = [*first, {"role": "assistant", "content": "Hello!"}]
+        later.append({"role": "user", "content": "Which platform?"})
+        views = await capacity.candidates("p")
+        await capacity.place(job(later, "r2"), views)
+        opening, follow_up = policy.requests
+        assert opening.opening and not follow_up.opening
+        assert opening.pool_placement_rate == 0.0
+        # One placement on one of two workers: the pool's mean is half a placement's worth.
+        assert 0.9 / 5.0 / 2 < follow_up.pool_placement_rate <= 1 / 5.0 / 2
+    finally:
+        await capacity.release("r1")
 
 
 CONVERSATIONS: list[dict[str, Any]] = [
