@@ -94,8 +94,13 @@ INSTALLED_APPS = [
 
 # Django's own middleware, as subclasses that run their hooks on the event loop under ASGI
 # instead of hopping to a thread for each (chatsite/middleware.py): the same behaviour.
+# The largest request body the APIs (/api/, /v1/) read: a larger one is refused with 413
+# before it is parsed, in the API's own error shape.
+API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 2 * 1024 * 1024)
+
 MIDDLEWARE = [
     "chatsite.middleware.SecurityMiddleware",
+    "chatsite.middleware.BodyLimitMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "chatsite.middleware.SessionMiddleware",
     "chatsite.middleware.CommonMiddleware",
@@ -202,6 +207,12 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # DRF's JSON parser, refusing what Python's json takes and JSON does not (chatsite/jsonbody).
+    "DEFAULT_PARSER_CLASSES": [
+        "chatsite.api.parsers.JSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
         "rest_framework.renderers.BrowsableAPIRenderer",

@@ -21,6 +21,7 @@ from django.conf import settings
 from django.db import connection
 from django.db.models import Q
 
+from chatsite import jsonbody
 from chatsite.errors import NotFound, ServiceError
 
 from .errors import ErrorCode
@@ -101,7 +102,7 @@ def _encode_cursor(conversation: Conversation) -> str:
 def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        stamp, conversation_id = json.loads(raw)
+        stamp, conversation_id = jsonbody.loads(raw)
         last_activity_at = datetime.fromisoformat(stamp)
         if last_activity_at.tzinfo is None:
             raise ValueError("naive datetime")

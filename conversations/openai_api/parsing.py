@@ -13,7 +13,6 @@ before it, and every call is answered before the conversation goes on.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
@@ -22,6 +21,8 @@ from typing import Any
 
 from jsonschema import Draft202012Validator
 from jsonschema.exceptions import SchemaError
+
+from chatsite import jsonbody
 
 from .errors import OpenAIError
 
@@ -378,9 +379,9 @@ def _tool_choice(value: Any, tools: list[dict[str, Any]] | None) -> str | dict[s
 def parse_chat_completion(raw: bytes) -> ChatCompletionRequest:
     """Read a request body; raises `OpenAIError` (400) for what a client must fix."""
     try:
-        body = json.loads(raw or b"null")
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise OpenAIError(400, "The request body is not valid JSON.", code="invalid_json") from exc
+        body = jsonbody.loads(raw or b"null")
+    except jsonbody.BadJSON as exc:
+        raise OpenAIError(400, str(exc), code="invalid_json") from exc
     if not isinstance(body, dict):
         raise OpenAIError(400, "The request body must be a JSON object.", code="invalid_json")
 
