@@ -77,6 +77,7 @@ from inference.scheduler.placement import (  # noqa: E402
     PredictedTTFTPolicy,
     Speed,
     decayed_rate,
+    raised_rate,
 )
 from inference.scheduler.prefix import MemoryIndex, block_hashes  # noqa: E402
 
@@ -291,8 +292,8 @@ class RouterState:
 
     def placed(self, worker: int) -> None:
         seconds = settings.SCHEDULER_PLACEMENT_RATE_SECONDS
-        rate = self.rate(worker) + 1 / seconds
         previous, at = self.rates[worker]
+        rate = raised_rate(previous, self.now_ms - at, seconds)
         self.rate_sum += rate * math.exp(self.now_ms / (seconds * 1000))
         self.rate_sum -= previous * math.exp(at / (seconds * 1000))
         self.rates[worker] = (rate, self.now_ms)

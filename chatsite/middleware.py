@@ -21,13 +21,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from asgiref.sync import iscoroutinefunction, markcoroutinefunction, sync_to_async
+from asgiref.sync import iscoroutinefunction, sync_to_async
 from django.conf import settings
 from django.contrib.auth import middleware as auth
 from django.contrib.messages import middleware as messages
 from django.contrib.sessions import middleware as sessions
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.middleware import clickjacking, common, csrf, security
+from django.utils.decorators import sync_and_async_middleware
 
 from chatsite.errors import error_body
 
@@ -99,55 +100,46 @@ class XFrameOptionsMiddleware(Inline, clickjacking.XFrameOptionsMiddleware):
     pass
 
 
-class BodyLimitMiddleware:
+@sync_and_async_middleware
+def body_limit_middleware(get_response: Any) -> Any:
     """A request to the APIs whose body is larger than `API_MAX_BODY_BYTES` is refused with
     413 before anything reads it, in the API's own error shape (OpenAI's under `/v1/`, the
     service's under `/api/`), rather than Django's HTML 400 past its own limit. The length is
     the request's `Content-Length`, which Django's limit also goes by."""
+    if iscoroutinefunction(get_response):
 
-    sync_capable = True
-    async_capable = True
+        async def refuse_or_await(request: HttpRequest) -> Any:
+            return _too_large(request) or await get_response(request)
 
-    def __init__(self, get_response: Any) -> None:
-        self.get_response = get_response
-        self.async_mode = iscoroutinefunction(get_response)
-        if self.async_mode:
-            markcoroutinefunction(self)
+        return refuse_or_await
 
-    def __call__(self, request: HttpRequest) -> Any:
-        if self.async_mode:
-            return self.__acall__(request)
-        return self.refusal(request) or self.get_response(request)
+    def refuse_or_call(request: HttpRequest) -> Any:
+        return _too_large(request) or get_response(request)
 
-    async def __acall__(self, request: HttpRequest) -> HttpResponseBase:
-        refusal = self.refusal(request)
-        if refusal is not None:
-            return refusal
-        response: HttpResponseBase = await self.get_response(request)
-        return response
+    return refuse_or_call
 
-    @staticmethod
-    def refusal(request: HttpRequest) -> JsonResponse | None:
-        path = request.path_info
-        if not (path.startswith("/v1/") or path.startswith("/api/")):
-            return None
-        try:
-            length = int(request.META.get("CONTENT_LENGTH") or 0)
-        except ValueError:
-            length = 0
-        limit = settings.API_MAX_BODY_BYTES
-        if length <= limit:
-            return None
-        message = f"The request body is {length} bytes; at most {limit} are accepted."
-        if path.startswith("/v1/"):
-            body: dict[str, Any] = {
-                "error": {
-                    "message": message,
-                    "type": "invalid_request_error",
-                    "param": None,
-                    "code": "request_too_large",
-                }
+
+def _too_large(request: HttpRequest) -> JsonResponse | None:
+    path = request.path_info
+    if not (path.startswith("/v1/") or path.startswith("/api/")):
+        return None
+    try:
+        length = int(request.META.get("CONTENT_LENGTH") or 0)
+    except ValueError:
+        length = 0
+    limit = settings.API_MAX_BODY_BYTES
+    if length <= limit:
+        return None
+    message = f"The request body is {length} bytes; at most {limit} are accepted."
+    if path.startswith("/v1/"):
+        body: dict[str, Any] = {
+            "error": {
+                "message": message,
+                "type": "invalid_request_error",
+                "param": None,
+                "code": "request_too_large",
             }
-        else:
-            body = error_body("request_too_large", message)
-        return JsonResponse(body, status=413)
+        }
+    else:
+        body = error_body("request_too_large", message)
+    return JsonResponse(body, status=413)

@@ -100,7 +100,7 @@ API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 2 * 1024 * 1024)
 
 MIDDLEWARE = [
     "chatsite.middleware.SecurityMiddleware",
-    "chatsite.middleware.BodyLimitMiddleware",
+    "chatsite.middleware.body_limit_middleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "chatsite.middleware.SessionMiddleware",
     "chatsite.middleware.CommonMiddleware",

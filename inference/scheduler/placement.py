@@ -63,6 +63,12 @@ def decayed_rate(rate: float, elapsed_ms: float, seconds: float) -> float:
     return rate * math.exp(-max(0.0, elapsed_ms) / (seconds * 1000))
 
 
+def raised_rate(rate: float, elapsed_ms: float, seconds: float) -> float:
+    """`rate` as one more placement leaves it, `elapsed_ms` after the last (what the lease's
+    Lua step in `capacity.py` does in Redis)."""
+    return decayed_rate(rate, elapsed_ms, seconds) + 1 / seconds
+
+
 @dataclass(frozen=True)
 class PlacementRequest:
     """What is known of the request being placed."""
