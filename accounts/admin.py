@@ -27,7 +27,8 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
         # A key made here could never be shown to its owner; users create their own.
         return False
 
-    @admin.action(description="Revoke selected API keys")
+    # Revoking changes the key: staff who may only view keys may not revoke them.
+    @admin.action(description="Revoke selected API keys", permissions=["change"])
     def revoke(self, request: HttpRequest, queryset: QuerySet[ApiKey]) -> None:
         count = api_keys_revoke(keys=queryset)
         self.message_user(request, f"Revoked {count} key(s).")

@@ -1,5 +1,6 @@
 """Staff console for billing: plans and prices are edited here; the ledger, statements and
-invoices are read-only, changed only through the services' actions; the usage reports."""
+invoices are read-only, changed only through the services' actions (issuing invoices needs
+the "add invoice" permission, marking one paid "change invoice"); the usage reports."""
 
 from __future__ import annotations
 
@@ -193,7 +194,11 @@ class StatementAdmin(_ReadOnly):
     inlines = [StatementLineInline]
     actions = ["issue_invoices"]
 
-    @admin.action(description="Issue invoices for the selected statements")
+    def has_issue_permission(self, request: HttpRequest) -> bool:
+        # Statements are read-only here; issuing one's invoice adds an invoice.
+        return bool(request.user.has_perm("billing.add_invoice"))
+
+    @admin.action(description="Issue invoices for the selected statements", permissions=["issue"])
     def issue_invoices(self, request: HttpRequest, queryset: QuerySet[Statement]) -> None:
         issued = 0
         for statement in queryset:
@@ -224,7 +229,11 @@ class InvoiceAdmin(_ReadOnly):
     list_select_related = ["statement__user", "paid_by"]
     actions = ["mark_paid"]
 
-    @admin.action(description="Mark paid (payment received offline)")
+    def has_mark_paid_permission(self, request: HttpRequest) -> bool:
+        # Invoices are read-only here; marking one paid is the only change staff make to it.
+        return bool(request.user.has_perm("billing.change_invoice"))
+
+    @admin.action(description="Mark paid (payment received offline)", permissions=["mark_paid"])
     def mark_paid(self, request: HttpRequest, queryset: QuerySet[Invoice]) -> None:
         paid = 0
         for invoice in queryset:

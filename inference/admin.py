@@ -53,12 +53,13 @@ class WorkerAdmin(admin.ModelAdmin[Worker]):
             f"waiting {load['waiting']:.0f} · KV {load['kv_cache_percent']:.0f}%"
         )
 
-    @admin.action(description="Drain: take no new generations")
+    # Draining and undraining change a worker's state: the change permission, as editing it.
+    @admin.action(description="Drain: take no new generations", permissions=["change"])
     def drain(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         count = services.workers_drain(workers=queryset)
         self.message_user(request, f"Draining {count} worker(s).")
 
-    @admin.action(description="Undrain: back into service")
+    @admin.action(description="Undrain: back into service", permissions=["change"])
     def undrain(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         count = services.workers_undrain(workers=queryset)
         self.message_user(request, f"{count} worker(s) back in service.")

@@ -183,7 +183,8 @@ class McpServerAdmin(admin.ModelAdmin[McpServer]):
             headers=form.cleaned_data.get("extra_headers"),
         )
 
-    @admin.action(description="Refresh tools (list them from the server)")
+    # A refresh rewrites the server's tool list (what users are offered): the change permission.
+    @admin.action(description="Refresh tools (list them from the server)", permissions=["change"])
     def refresh_tools(self, request: HttpRequest, queryset: QuerySet[McpServer]) -> None:
         for server in queryset:
             try:
