@@ -5,11 +5,16 @@ from django.contrib import admin
 from django.urls import include, path
 from drf_spectacular.views import SpectacularAPIView, SpectacularSwaggerView
 
+from accounts.abuse import abuse_limit
+
 # The APIs first: Django tries routes in order and keeps the list of those it tried on the
 # request, for as long as a stream lasts.
 urlpatterns = [
     path("api/v1/", include("chatsite.api.urls")),
     path("v1/", include("conversations.openai_api.urls")),
+    # The admin's log-in, ahead of the admin's own route, limited like the site's
+    # (accounts.urls): both count against the same per-IP budget of log-in attempts.
+    path("admin/login/", abuse_limit("login")(admin.site.login)),
     path("admin/", admin.site.urls),
     path("accounts/", include("accounts.urls")),
     path("billing/", include("billing.urls")),
