@@ -391,6 +391,9 @@ STREAM_HEARTBEAT_SECONDS = env_int("STREAM_HEARTBEAT_SECONDS", 15)
 STREAM_RETRY_MS = env_int("STREAM_RETRY_MS", 3000)
 STREAM_GRACE_SECONDS = env_int("STREAM_GRACE_SECONDS", 30)
 GENERATION_MAX_ATTEMPTS = env_int("GENERATION_MAX_ATTEMPTS", 2)
+# A scheduler replica that has not beaten its heartbeat for this long is dead: a live one
+# adopts its answers and restarts them on a worker (inference/scheduler/adoption.py).
+SCHEDULER_REPLICA_TTL_SECONDS = env_float("SCHEDULER_REPLICA_TTL_SECONDS", 5.0)
 # Where `prepare_model` puts the served model; the web tier reads only its tokenizer.json.
 MODEL_DIR = Path(os.environ.get("MODEL_DIR", DATA_DIR / "models" / "smollm2-135m-instruct"))
 WORKER_PYTHON = os.environ.get("WORKER_PYTHON", str(BASE_DIR / ".venv-worker" / "bin" / "python"))

@@ -15,6 +15,10 @@ scheduler replicas and edge processes can share one Redis without locks:
 - `placed:<worker>`  hash: the worker's rate of placements lately (`rate`/s as of `at` ms)
 - `{prefix}:<worker>` the blocks the worker's KV cache holds, as estimated (scheduler/prefix.py)
 - `aff:<conv>`       the worker that served the conversation's last turn
+- `replica:<id>`     a live scheduler replica's heartbeat (lapses after the replica TTL)
+- `replicas`         sorted set of replica ids by the time of their last heartbeat (ms)
+- `owned:<replica>`  set of the generations a replica has claimed and not yet ended: what a
+                     live replica adopts when that one stops beating (scheduler/adoption.py)
 - `metrics:<worker>` the worker's last load reading, for placement and the admin
 - `stream:<id>`      the generation's events (Redis Stream; the entry id is the SSE id)
 - `wake`, `cancel`   pub/sub channels: new work, and cancels of running generations
@@ -87,6 +91,19 @@ def affinity_key(conversation_id: object) -> str:
 
 def metrics_key(worker_id: object) -> str:
     return key("metrics", worker_id)
+
+
+def replica_key(replica_id: str) -> str:
+    return key("replica", replica_id)
+
+
+def replicas_key() -> str:
+    return key("replicas")
+
+
+def owned_key(replica_id: str) -> str:
+    """The generations `replica_id` has claimed and not yet ended."""
+    return key("owned", replica_id)
 
 
 def wake_channel() -> str:
@@ -178,8 +195,10 @@ return moved
 
 # Claim the next generation of the best non-empty tier that has room (KEYS: each such tier's
 # queue, enqueue times and fair-queue state, in threes). ZPOPMIN is what makes a generation
-# go to exactly one replica. Returns its id, its queue, its score (to put it back in the same
-# place) and its job's fields (a flat list of names and values).
+# go to exactly one replica. ARGV: the job keys' prefix, the replica, now, and the replica's
+# `owned` set, which learns the claim in the same step: a replica that dies right after it
+# leaves nothing unowned for its adopter to miss. Returns its id, its queue, its score (to
+# put it back in the same place) and its job's fields (a flat list of names and values).
 CLAIM = """
 for i = 1, #KEYS, 3 do
   local popped = redis.call('ZPOPMIN', KEYS[i])
@@ -194,6 +213,9 @@ for i = 1, #KEYS, 3 do
     local job = ARGV[1] .. id
     if redis.call('EXISTS', job) == 1 then
       redis.call('HSET', job, 'owner', ARGV[2], 'claimed_ms', ARGV[3])
+      if ARGV[4] then
+        redis.call('SADD', ARGV[4], id)
+      end
       return {id, KEYS[i], popped[2], redis.call('HGETALL', job)}
     end
   end
@@ -201,12 +223,16 @@ end
 return false
 """
 
-# Put a claimed generation back where it was (KEYS: its queue and enqueue times; ARGV: its
-# score, its enqueue time, its id), and let any replica claim it.
+# Put a claimed generation back where it was (KEYS: its queue, enqueue times and job, and the
+# `owned` set of the replica that held it; ARGV: its score, its enqueue time, its id), and
+# let any replica claim it.
 REQUEUE = """
 redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
 redis.call('HDEL', KEYS[3], 'owner')
+if KEYS[4] then
+  redis.call('SREM', KEYS[4], ARGV[3])
+end
 return 1
 """
 
@@ -267,6 +293,9 @@ class Job:
     # The overload policy may have a smaller pool answer (the web chat; not `/v1`, whose
     # client asked for a model by name).
     may_fall_back: bool = False
+    # The attempts made so far: more than none when a replica died while serving it and
+    # another adopted it (scheduler/adoption.py); the next one restarts it.
+    attempt: int = 0
 
     @property
     def kv_tokens(self) -> int:
@@ -317,6 +346,7 @@ class Job:
             tool_choice=json.loads(fields.get("tool_choice") or "null"),
             run_tools=bool(fields.get("run_tools")),
             may_fall_back=bool(fields.get("may_fall_back")),
+            attempt=int(fields.get("attempt") or 0),
         )
 
 

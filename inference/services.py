@@ -416,7 +416,8 @@ def worker_set_state(*, worker_id: int, state: str, error: str = "") -> bool:
 
 
 def workers_sync_from_settings() -> list[Worker]:
-    """Register the workers named in `settings.INFERENCE_WORKERS` (pool=url entries)."""
+    """Register the workers named in `settings.INFERENCE_WORKERS` (pool=url entries), each
+    held to the address policy as a worker staff add (`Worker.clean`)."""
     workers = []
     for index, entry in enumerate(settings.INFERENCE_WORKERS):
         pool_name, sep, url = entry.partition("=")
@@ -473,18 +474,29 @@ def generation_sweep_stale(*, live_replicas: set[str], grace_seconds: int = 60) 
                     continue
             elif owner in live_replicas:
                 continue
-        partial = _stream_text(redis, gid)
-        if generation_finish(
-            generation_id=generation.id,
-            status=Generation.Status.FAILED,
-            text=partial,
-            finish_reason="error",
-            error_code=ErrorCode.SCHEDULER_LOST,
-            error_message="The service lost this answer; please regenerate it.",
-        ):
+        if generation_end_lost(generation_id=gid, status=Generation.Status.FAILED):
             logger.warning("swept stale generation %s", gid)
             failed += 1
     return failed
+
+
+def generation_end_lost(*, generation_id: str, status: str) -> bool:
+    """End a generation whose scheduler replica died with it: failed (no attempt left, or
+    nobody owns it) or cancelled (it was asked to stop), with the text its stream carried.
+    False if it was already final."""
+    partial = _stream_text(sync_redis(), generation_id)
+    if status == Generation.Status.CANCELLED:
+        return generation_finish(
+            generation_id=generation_id, status=status, text=partial, finish_reason="cancelled"
+        )
+    return generation_finish(
+        generation_id=generation_id,
+        status=Generation.Status.FAILED,
+        text=partial,
+        finish_reason="error",
+        error_code=ErrorCode.SCHEDULER_LOST,
+        error_message="The service lost this answer; please regenerate it.",
+    )
 
 
 def _stream_text(redis: Any, generation_id: str) -> str:

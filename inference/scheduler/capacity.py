@@ -413,6 +413,11 @@ class Capacity:
                 pipe.publish(queue.wake_channel(), "released")
                 await pipe.execute()
 
+    def forget_lease(self, generation_id: str) -> None:
+        """Stop renewing a lease without removing it: it now belongs to the replica that
+        adopted the generation (or lapses by itself)."""
+        self.leases.pop(generation_id, None)
+
     async def renew(self) -> None:
         """Push back the expiry of every lease this replica holds."""
         if not self.leases:

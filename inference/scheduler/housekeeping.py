@@ -1,10 +1,10 @@
 """Housekeeping, once a second: what keeps a replica's claims alive and the queues honest.
 
-Every replica beats its heartbeat (the sweeper spares the generations of live replicas),
-renews the leases it holds and cancels the generations it runs that were asked to stop or
-that nobody watches any more. The pool-wide chores are done by one replica at a time (a short
-Redis lock): reject what waited past the queue limit, tell the waiting their place in line,
-and now and then fail the generations of replicas that died.
+Every replica renews the leases it holds (its heartbeat, which the sweeper and adoption
+read, has a loop of its own: `adoption.py`) and cancels the generations it runs that were
+asked to stop or that nobody watches any more. The pool-wide chores are done by one
+replica at a time (a short Redis lock): reject what waited past the queue limit, tell the
+waiting their place in line, and now and then fail the generations nobody serves.
 """
 
 from __future__ import annotations
@@ -28,7 +28,6 @@ from .writer import StreamWriter
 logger = logging.getLogger(__name__)
 
 SWEEP_EVERY_SECONDS = 15
-REPLICA_TTL_SECONDS = 10
 
 
 class Housekeeping:
@@ -50,11 +49,7 @@ class Housekeeping:
         self.running = running
         self._last_sweep = 0.0
 
-    async def heartbeat(self) -> None:
-        await self.redis.set(queue.key("replica", self.replica_id), "1", ex=REPLICA_TTL_SECONDS)
-
     async def step(self) -> None:
-        await self.heartbeat()
         await self.capacity.renew()
         await self.cancel_abandoned()
         # One replica at a time does the pool-wide chores.

@@ -82,6 +82,7 @@ class Runs:
         self,
         *,
         redis: Any,
+        replica_id: str,
         client: OpenAICompatibleClient,
         capacity: Capacity,
         writer: StreamWriter,
@@ -90,6 +91,7 @@ class Runs:
         no_tool_workers: set[int],
     ) -> None:
         self.redis = redis
+        self.replica_id = replica_id
         self.client = client
         self.capacity = capacity
         self.writer = writer
@@ -98,16 +100,26 @@ class Runs:
         # Workers that refused tools (started without a tool-call parser): answer without.
         self.no_tool_workers = no_tool_workers
         self._background: set[asyncio.Task[Any]] = set()
+        # Generations another replica adopted from this one: their runs end without a word.
+        self._given_up: set[str] = set()
 
     def new(self, job: queue.Job, placement: Placement, admitted: Admitted) -> Run:
         worker = placement.view
         return Run(
             job=job,
             worker=worker,
+            # An adopted answer (its replica died) goes on from the attempts made so far.
+            attempt=job.attempt + 1,
             tried={worker.id},
             moderation=self.guard.window(),
             admitted=admitted,
         )
+
+    def give_up(self, generation_id: str) -> None:
+        """Another replica adopted this generation (this one stood still past the replica
+        TTL): the run that is cancelled next ends without writing anything, and without
+        releasing a lease the adopter may hold under the same name."""
+        self._given_up.add(generation_id)
 
     async def serve(self, run: Run) -> None:
         gid = run.job.generation_id
@@ -151,6 +163,8 @@ class Runs:
             # `_finish` withdraws the text (retract) and ends it as `content_filter`.
             await self._finish(run, Generation.Status.COMPLETE, services.CONTENT_FILTER)
         except asyncio.CancelledError:
+            if gid in self._given_up:
+                raise
             # A cancel may come twice (its pub/sub message, then the job's cancel flag seen
             # by housekeeping): the second must not cut the final write short.
             finishing = asyncio.ensure_future(
@@ -171,23 +185,46 @@ class Runs:
                 error_message=f"The service failed while answering: {type(exc).__name__}",
             )
         finally:
-            if not run.finished:
-                # Disown it, so the sweeper fails it with the text its stream carried.
-                logger.error("generation %s left unfinished; handing it to the sweeper", gid)
+            if gid in self._given_up:
+                self._given_up.discard(gid)
+                self.capacity.forget_lease(gid)
+            else:
+                if not run.finished:
+                    # Disown it, so the sweeper fails it with the text its stream carried.
+                    logger.error("generation %s left unfinished; handing it to the sweeper", gid)
+                    with contextlib.suppress(Exception):
+                        await self.redis.hdel(queue.job_key(gid), "owner")
+                await self.capacity.release(gid)
                 with contextlib.suppress(Exception):
-                    await self.redis.hdel(queue.job_key(gid), "owner")
-            await self.capacity.release(gid)
+                    await self.redis.srem(queue.owned_key(self.replica_id), gid)
 
     async def _attempt(self, run: Run) -> None:
         job, view = run.job, run.worker
         if run.announced_attempt != run.attempt:
             # Once per worker: a tool round continues on the same one without a new `meta`.
-            run.announced_attempt = run.attempt
             # No database round trip stands between admission and the first token.
+            adopted = run.announced_attempt == 0 and job.attempt > 0
+            run.announced_attempt = run.attempt
             run.admission = services.Admission(
                 worker_id=view.id, attempt=run.attempt, admitted_at=timezone.now()
             )
             async with self.redis.pipeline(transaction=False) as pipe:
+                if adopted:
+                    # Its replica died mid-answer: the client starts the text again.
+                    self.writer.queue_event(
+                        pipe,
+                        job.generation_id,
+                        StreamEvent.RESTART,
+                        RestartData(reason=ErrorCode.SCHEDULER_LOST, attempt=run.attempt),
+                    )
+                # An adopter learns how many attempts were made (GENERATION_MAX_ATTEMPTS).
+                pipe.eval(
+                    queue.HSET_IF_EXISTS,
+                    1,
+                    queue.job_key(job.generation_id),
+                    "attempt",
+                    run.attempt,
+                )
                 pipe.set(
                     queue.affinity_key(job.conversation_id),
                     view.id,

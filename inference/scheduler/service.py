@@ -8,7 +8,10 @@ on a worker with room (`capacity.py`, by the policy of `placement.py`), and serv
 - health:       polls every worker's /health and /metrics; marks workers up and down
 - dispatch:     claims and places generations while some worker has room
 - listen:       pub/sub for new work and for cancels of running generations
-- housekeeping: heartbeat, lease renewal, queue time limit, queue positions, stale sweep
+- heartbeat:    tells the other replicas this one is alive (`adoption.py`)
+- adoption:     adopts the answers of replicas that stopped beating; gives up those another
+                replica adopted from this one while it stood still
+- housekeeping: lease renewal, queue time limit, queue positions, stale sweep
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from .. import queue, services
 from ..client import OpenAICompatibleClient, WorkerLoad, get_client
 from ..models import Worker
 from ..tokens import warm_default_tokenizer
+from .adoption import Liveness, beat_forever
 from .capacity import Capacity, WorkerView, fleet_rows
 from .guard import configured_guard
 from .housekeeping import Housekeeping
@@ -75,8 +79,10 @@ class Scheduler:
         self.guard = configured_guard()
         self.writer = StreamWriter(self.redis)
         self.tools = ToolLoop(configured_runner(), self.writer)
+        self.liveness = Liveness(redis=self.redis, replica_id=self.replica_id)
         self.runs = Runs(
             redis=self.redis,
+            replica_id=self.replica_id,
             client=self.client,
             capacity=self.capacity,
             writer=self.writer,
@@ -106,9 +112,11 @@ class Scheduler:
     async def run(self) -> None:
         await asyncio.to_thread(self._warm)
         await sync_to_async(services.workers_sync_from_settings)()
-        await self.housekeeping.heartbeat()
+        await self.liveness.beat()
         await self.check_workers()
         loops = [
+            asyncio.create_task(beat_forever(self.liveness, self._stopping), name="heartbeat"),
+            asyncio.create_task(self._loop(self.adoption_step, 1.0), name="adoption"),
             asyncio.create_task(
                 self._loop(self.check_workers, self.health_interval), name="health"
             ),
@@ -127,7 +135,7 @@ class Scheduler:
                 task.cancel()
             await asyncio.gather(*loops, *subscribers, return_exceptions=True)
             await self._drain()
-            await self.redis.delete(queue.key("replica", self.replica_id))
+            await self.liveness.leave()
             await self.redis.aclose()
             await self.client.aclose()
             self.tools.shutdown()
@@ -160,6 +168,25 @@ class Scheduler:
             except Exception:
                 logger.exception("scheduler loop %s failed; retrying", step.__name__)
             await asyncio.sleep(interval)
+
+    # Other replicas
+
+    async def adoption_step(self) -> None:
+        """Adopt what replicas that stopped beating held; give up what another replica
+        adopted from this one (it stood still past the TTL, and the adopter answers now)."""
+        await self.liveness.adopt(list(self.capacity.workers))
+        running = list(self.running.items())
+        if not running:
+            return
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for generation_id, _ in running:
+                pipe.hget(queue.job_key(generation_id), "owner")
+            owners = await pipe.execute()
+        for (generation_id, task), owner in zip(running, owners, strict=True):
+            if owner is not None and owner != self.replica_id:
+                logger.warning("%s was adopted by %s; giving it up", generation_id, owner)
+                self.runs.give_up(generation_id)
+                task.cancel()
 
     # Health
 
@@ -298,6 +325,7 @@ class Scheduler:
                 queue.job_key(""),
                 self.replica_id,
                 str(queue.now_ms()),
+                queue.owned_key(self.replica_id),
             )
             if not claimed:
                 continue
@@ -319,10 +347,11 @@ class Scheduler:
                 # of each is full in tokens: back in line, same place.
                 await self.redis.eval(
                     queue.REQUEUE,
-                    3,
+                    4,
                     queue_name,
                     queue.queued_at_key(pool, job.tier),
                     queue.job_key(generation_id),
+                    queue.owned_key(self.replica_id),
                     score,
                     str(job.enqueued_ms),
                     generation_id,

@@ -1,0 +1,259 @@
+"""A scheduler replica that dies: its answers are adopted by a live one and restarted.
+
+The replica killed here is a real process (`manage.py run_scheduler`, SIGKILL); the one that
+adopts runs in the test's event loop. The workers are stand-ins that stream slowly, so the
+answers are mid-way when the process dies (the test is about our side of the fault).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from asgiref.sync import sync_to_async
+from django.conf import settings
+from django.contrib.auth.models import User
+
+from accounts.tests.factories import UserFactory
+from chatsite.redis import sync_redis
+from inference import queue
+from inference.models import Generation
+from inference.scheduler.adoption import Liveness
+
+from . import fixtures
+from .fixtures import (
+    finished,
+    register_pool,
+    running_schedulers,
+    send,
+    send_turn,
+    stream_events,
+    wait_for,
+    wait_for_sessions_to_end,
+)
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+VICTIM = "victim"
+VICTIM_DB_APPLICATION = "chatsite-test-victim-scheduler"
+TTL_SECONDS = 2.0
+
+
+@pytest.fixture
+def victim_scheduler(tmp_path: Path) -> Iterator[Any]:
+    """Starts a scheduler process as replica `victim`; stops what is left of it after the
+    test, before the database is flushed (the fixture is torn down first)."""
+    started: list[subprocess.Popen[bytes]] = []
+    log = tmp_path / "victim.log"
+
+    def start() -> subprocess.Popen[bytes]:
+        env = {
+            **os.environ,
+            "DATABASE_URL": fixtures.test_database_url(VICTIM_DB_APPLICATION),
+            "REDIS_URL": settings.REDIS_URL,
+            "DEBUG": "0",
+            "SCHEDULER_HEALTH_INTERVAL_MS": "250",
+            "SCHEDULER_REPLICA_TTL_SECONDS": str(TTL_SECONDS),
+        }
+        process = subprocess.Popen(  # noqa: S603 (our own command line)
+            [sys.executable, "manage.py", "run_scheduler", "--replica-id", VICTIM],
+            cwd=settings.BASE_DIR,
+            env=env,
+            stdout=log.open("ab"),
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+        started.append(process)
+        redis = sync_redis()
+        deadline = time.monotonic() + 60
+        while not redis.exists(queue.replica_key(VICTIM)):
+            if process.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"the scheduler did not start:\n{log.read_text()[-3000:]}")
+            time.sleep(0.1)
+        return process
+
+    yield start
+    for process in started:
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+    print(f"victim log ({log}):", *log.read_text().splitlines()[-40:], sep="\n")
+    if started:
+        wait_for_sessions_to_end(VICTIM_DB_APPLICATION)
+
+
+def _claim_as(replica: str, pool: str, tier: str = "free") -> str:
+    redis = sync_redis()
+    keys = queue.claim_keys(pool, [tier])
+    claimed = redis.eval(
+        queue.CLAIM, len(keys), *keys, queue.job_key(""), replica, "0", queue.owned_key(replica)
+    )
+    assert claimed
+    return str(claimed[0])  # type: ignore[index]
+
+
+def _steady(liveness: Liveness) -> Liveness:
+    """As if its beats had been steady for a full TTL."""
+    liveness._steady_since = time.monotonic() - liveness.ttl
+    return liveness
+
+
+def _dead(redis: Any, replica: str) -> None:
+    redis.delete(queue.replica_key(replica))
+    redis.zadd(queue.replicas_key(), {replica: queue.now_ms() - 60_000})
+
+
+async def test_a_dead_replicas_answer_goes_back_to_the_head_of_its_queue(
+    user: User, settings: Any
+) -> None:
+    pool = await sync_to_async(register_pool)()
+    first = await send(user)
+    later = await send(user)
+    redis = sync_redis()
+    gid = await sync_to_async(_claim_as)("gone", pool.name)
+    assert gid == str(first.generation.id)
+    redis.hset(queue.job_key(gid), "attempt", "1")
+    _dead(redis, "gone")
+
+    liveness = _steady(Liveness(redis=queue.async_redis(), replica_id="adopter"))
+    try:
+        assert await liveness.adopt([]) == [gid]
+    finally:
+        await liveness.redis.aclose()
+
+    job = redis.hgetall(queue.job_key(gid))
+    assert "owner" not in job and job["adopted_from"] == "gone" and job["attempt"] == "1"
+    line = redis.zrange(queue.queue_key(pool.name, "free"), 0, -1)
+    assert line == [gid, str(later.generation.id)]  # ahead of the one sent after it
+    assert not redis.exists(queue.owned_key("gone"), queue.owned_key("adopter"))
+    assert redis.zscore(queue.replicas_key(), "gone") is None
+
+
+async def test_a_replica_that_beats_keeps_its_answers(user: User) -> None:
+    pool = await sync_to_async(register_pool)()
+    await send(user)
+    redis = sync_redis()
+    gid = await sync_to_async(_claim_as)("slow", pool.name)
+    # Its beat is old in the sorted set, but its heartbeat key is still there.
+    redis.zadd(queue.replicas_key(), {"slow": queue.now_ms() - 60_000})
+    redis.set(queue.replica_key("slow"), "1", ex=10)
+
+    liveness = _steady(Liveness(redis=queue.async_redis(), replica_id="adopter"))
+    try:
+        assert await liveness.adopt([]) == []
+        # Nor does a replica that has not yet beaten steadily for a full TTL judge anyone.
+        redis.delete(queue.replica_key("slow"))
+        liveness._steady_since = time.monotonic()
+        assert await liveness.adopt([]) == []
+    finally:
+        await liveness.redis.aclose()
+    assert redis.hget(queue.job_key(gid), "owner") == "slow"
+
+
+async def test_an_adopted_answer_out_of_attempts_fails_and_a_cancelled_one_is_cancelled(
+    user: User, settings: Any
+) -> None:
+    settings.GENERATION_MAX_ATTEMPTS = 2
+    pool = await sync_to_async(register_pool)()
+    spent, cancelled = await send(user), await send(user)
+    redis = sync_redis()
+    for turn in (spent, cancelled):
+        await sync_to_async(_claim_as)("gone", pool.name)
+        await sync_to_async(Generation.objects.filter(pk=turn.generation.id).update)(
+            status=Generation.Status.RUNNING
+        )
+    redis.hset(queue.job_key(str(spent.generation.id)), "attempt", "2")
+    queue.append_event(redis, str(spent.generation.id), "delta", {"text": "half an ans"})
+    redis.hset(queue.job_key(str(cancelled.generation.id)), mapping={"attempt": "1", "cancel": "1"})
+    _dead(redis, "gone")
+
+    liveness = _steady(Liveness(redis=queue.async_redis(), replica_id="adopter"))
+    try:
+        assert len(await liveness.adopt([])) == 2
+    finally:
+        await liveness.redis.aclose()
+
+    failed = await Generation.objects.select_related("message").aget(pk=spent.generation.id)
+    assert failed.status == Generation.Status.FAILED and failed.error_code == "scheduler_lost"
+    assert failed.message.content == "half an ans"
+    stopped = await Generation.objects.aget(pk=cancelled.generation.id)
+    assert stopped.status == Generation.Status.CANCELLED
+    assert not redis.zcard(queue.queue_key(pool.name, "free"))
+    assert not redis.exists(queue.owned_key("adopter"))
+
+
+async def test_answers_of_a_killed_replica_are_adopted_and_complete(
+    db: Any, fake_workers: Any, settings: Any, victim_scheduler: Any
+) -> None:
+    settings.SCHEDULER_REPLICA_TTL_SECONDS = TTL_SECONDS
+    tokens = 30
+    fake = fake_workers(tokens=tokens, token_delay=0.1)
+    await sync_to_async(register_pool)(fake)
+    process = await sync_to_async(victim_scheduler)()
+    # Eight users: a free plan allows two answers at once.
+    users = [await sync_to_async(UserFactory)() for _ in range(8)]
+    turns = [await sync_to_async(send_turn)(who, content="A question") for who in users]
+    ids = [str(turn.generation.id) for turn in turns]
+
+    def mid_answer(gid: str) -> bool:
+        names = [name for name, _ in stream_events(gid)]
+        return "delta" in names
+
+    async def all_mid_answer() -> bool:
+        return all([await sync_to_async(mid_answer)(gid) for gid in ids])
+
+    await wait_for(all_mid_answer, within=60)
+    redis = sync_redis()
+    assert {redis.hget(queue.job_key(gid), "owner") for gid in ids} == {VICTIM}
+    os.killpg(process.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    await sync_to_async(process.wait)()
+
+    async with running_schedulers() as (survivor,):
+
+        async def all_restarted() -> bool:
+            return all(
+                [
+                    "restart" in [name for name, _ in await sync_to_async(stream_events)(gid)]
+                    for gid in ids
+                ]
+            )
+
+        await wait_for(all_restarted, within=30)
+        adopted_after = time.monotonic() - killed_at
+
+        async def all_finished() -> bool:
+            return all([await finished(gid) for gid in ids])
+
+        await wait_for(all_finished, within=60)
+
+    answer = "".join(f"tok{i} " for i in range(tokens))
+    complete = 0
+    for gid in ids:
+        generation = await Generation.objects.select_related("message").aget(pk=gid)
+        events = await sync_to_async(stream_events)(gid)
+        restarts = [data for name, data in events if name == "restart"]
+        assert restarts == [{"reason": "scheduler_lost", "attempt": 2}]
+        # What a client shows: the text after the last restart, once, whole.
+        after = [name for name, _ in events][
+            max(i for i, (name, _) in enumerate(events) if name == "restart") :
+        ]
+        text_after = "".join(
+            data["text"] for name, data in events[len(events) - len(after) :] if name == "delta"
+        )
+        if generation.status == Generation.Status.COMPLETE:
+            complete += 1
+            assert generation.message.content == answer == text_after
+            assert generation.attempts == 2
+    assert complete >= 0.95 * len(ids)
+    # Every answer was adopted within the issue's bound (the TTL here is 2 s).
+    assert adopted_after < 10, adopted_after
+    assert not redis.exists(queue.owned_key(VICTIM), queue.owned_key(survivor.replica_id))
+    print(f"{complete}/{len(ids)} complete; every answer restarted {adopted_after:.1f} s after")
