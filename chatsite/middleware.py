@@ -1,4 +1,4 @@
-"""Django's own middleware, without a thread hop per hook under ASGI.
+"""Django's own middleware (and django-csp's), without a thread hop per hook under ASGI.
 
 Django's middleware classes (`SecurityMiddleware` and the rest) are `MiddlewareMixin`s:
 under ASGI each of their hooks (`process_request`, `process_view`, `process_response`)
@@ -22,6 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
+from csp import middleware as csp
 from django.conf import settings
 from django.contrib.auth import middleware as auth
 from django.contrib.messages import middleware as messages
@@ -67,6 +68,11 @@ class Inline:
 
 class SecurityMiddleware(Inline, security.SecurityMiddleware):
     pass
+
+
+class CSPMiddleware(Inline, csp.CSPMiddleware):
+    """The Content-Security-Policy header of `settings.CONTENT_SECURITY_POLICY`: its hooks
+    only build a nonce and a header, so they run on the loop too."""
 
 
 class SessionMiddleware(Inline, sessions.SessionMiddleware):

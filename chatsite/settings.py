@@ -10,6 +10,7 @@ from pathlib import Path
 
 import dj_database_url
 import django_stubs_ext
+from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
 # Lets admin and serializer classes be subscripted for the type checker.
@@ -79,6 +80,7 @@ INSTALLED_APPS = [
     "django.contrib.sessions",
     "django.contrib.messages",
     "django.contrib.staticfiles",
+    "csp",
     "rest_framework",
     "drf_spectacular",
     "drf_spectacular_sidecar",
@@ -100,6 +102,7 @@ API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 2 * 1024 * 1024)
 
 MIDDLEWARE = [
     "chatsite.middleware.SecurityMiddleware",
+    "chatsite.middleware.CSPMiddleware",
     "chatsite.middleware.body_limit_middleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "chatsite.middleware.SessionMiddleware",
@@ -200,6 +203,55 @@ SESSION_COOKIE_HTTPONLY = True
 CSRF_COOKIE_HTTPONLY = False  # the web chat reads it to send X-CSRFToken
 SESSION_COOKIE_SECURE = env_bool("SECURE_COOKIES", not DEBUG)
 CSRF_COOKIE_SECURE = SESSION_COOKIE_SECURE
+
+# HTTPS. Django sends Strict-Transport-Security only in answers to HTTPS requests, so plain-HTTP
+# `make run` never gets it; a deployment over HTTPS does, for a year, unless DEBUG. Subdomains
+# and the preload list are opt-in: a browser keeps them for as long as max-age, and preload
+# for longer.
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31_536_000)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env_bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", False)
+SECURE_HSTS_PRELOAD = env_bool("SECURE_HSTS_PRELOAD", False)
+# Behind a proxy that ends TLS: the META key of its header saying the client used HTTPS (e.g.
+# HTTP_X_FORWARDED_PROTO, for X-Forwarded-Proto: https). Only set it when the proxy always
+# sets or strips that header: otherwise a client could claim HTTPS.
+_proxy_ssl_header = os.environ.get("SECURE_PROXY_SSL_HEADER", "").strip()
+if _proxy_ssl_header and not _proxy_ssl_header.startswith("HTTP_"):
+    raise ImproperlyConfigured(
+        "SECURE_PROXY_SSL_HEADER names a request.META key, e.g. HTTP_X_FORWARDED_PROTO for "
+        f"X-Forwarded-Proto; got {_proxy_ssl_header!r}"
+    )
+SECURE_PROXY_SSL_HEADER = (_proxy_ssl_header, "https") if _proxy_ssl_header else None
+# Off by default: a proxy in front usually redirects already, and make run is plain HTTP.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", False)
+# Django's defaults, stated because a page of this site relies on them.
+SECURE_CONTENT_TYPE_NOSNIFF = True
+SECURE_REFERRER_POLICY = "same-origin"
+X_FRAME_OPTIONS = "DENY"
+
+# Content-Security-Policy on every answer (django-csp, chatsite.middleware.CSPMiddleware): the
+# pages load scripts, styles and data only from this origin and run no inline script or style
+# (templates/ and static/js/ have none: scripts are files, config is JSON in json_script, and
+# script sets styles through element.style only). img-src allows data: for the empty favicon
+# and Swagger UI's stylesheet's icons. Django's admin (5.2) needs no exception: its scripts are
+# files and its one inline <style> (a change list without any actions bar, which no admin here
+# has) is cosmetic; django-celery-beat's periodic task form had an inline script, now a file
+# (templates/admin/djcelery/). The API docs page gets its CSS from a file
+# (templates/api_docs.html) and its script from its own URL (SpectacularSwaggerSplitView).
+# DRF's browsable API (an /api/ URL opened in a browser) keeps its scripts; a few of its
+# style="" floats and its Pygments <style> are not applied.
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF],
+        "style-src": [SELF],
+        "img-src": [SELF, "data:"],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "frame-ancestors": [NONE],
+        "form-action": [SELF],
+    }
+}
 
 REST_FRAMEWORK = {
     "DEFAULT_AUTHENTICATION_CLASSES": [
