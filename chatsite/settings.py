@@ -166,12 +166,19 @@ else:
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 
+# Values are stored as JSON, never pickled: whoever can write to Redis could otherwise run
+# code in every process that reads the cache. A value JSON cannot hold is refused when set.
+# VERSION 2: the keys of the pickling cache (version 1) are never read back as JSON.
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
         "LOCATION": REDIS_URL,
         "KEY_PREFIX": os.environ.get("CACHE_KEY_PREFIX", "chatsite"),
-        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+        "VERSION": 2,
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.DefaultClient",
+            "SERIALIZER": "chatsite.cache.JSONSerializer",
+        },
     }
 }
 
