@@ -10,6 +10,7 @@ from django.contrib.auth.forms import UserCreationForm
 from django.contrib.auth.models import User
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import redirect, render
+from django.views.decorators.cache import never_cache
 from django.views.decorators.http import require_http_methods, require_POST
 
 from chatsite.auth import request_user
@@ -41,6 +42,8 @@ class ApiKeyForm(forms.Form):
     )
 
 
+# never_cache (no-store): the answer to a create holds the new raw key; no cache may keep it.
+@never_cache
 @login_required
 @require_http_methods(["GET", "POST"])
 @abuse_limit("api_key_create")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from django.utils.decorators import method_decorator
+from django.views.decorators.cache import never_cache
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
@@ -28,6 +29,7 @@ class ApiKeyListView(APIView):
         return Response(ApiKeySerializer(keys, many=True).data)
 
     @extend_schema(request=ApiKeyCreateSerializer, responses={201: ApiKeyCreatedSerializer})
+    @method_decorator(never_cache)  # its answer holds the raw key: no cache may keep it
     @method_decorator(abuse_limit("api_key_create"))
     def post(self, request: Request) -> Response:
         form = ApiKeyCreateSerializer(data=request.data)
