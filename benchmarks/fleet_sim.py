@@ -63,6 +63,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 os.environ.setdefault("SECRET_KEY", "fleet-simulator")
+os.environ.setdefault("PLUGINS_ENCRYPTION_KEY", "fleet-simulator")
 
 import django  # noqa: E402
 

@@ -65,6 +65,22 @@ if not SECRET_KEY:
     # Only for local development: a fixed key would make sessions forgeable in production.
     SECRET_KEY = "insecure-development-key-do-not-use-in-production"  # noqa: S105
 
+# Encrypts plugin and MCP server secrets at rest (plugins/crypto.py): any strings, each hashed
+# into a Fernet key, comma-separated; the first encrypts, every one decrypts, so a new key goes
+# first and the old one stays behind it until the secrets are saved again. Its own key, not
+# SECRET_KEY's: rotating SECRET_KEY (sessions, signed links) must not lose the secrets, and a
+# leaked SECRET_KEY must not open them. Required unless DEBUG, as SECRET_KEY is: every process
+# reads settings first, so none starts without it.
+PLUGINS_ENCRYPTION_KEY = os.environ.get("PLUGINS_ENCRYPTION_KEY", "")
+if not any(part.strip() for part in PLUGINS_ENCRYPTION_KEY.split(",")):
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "PLUGINS_ENCRYPTION_KEY must be set when DEBUG is off (it encrypts plugin and MCP "
+            "server secrets; e.g. python -c 'import secrets; print(secrets.token_urlsafe(50))')"
+        )
+    # Only for local development, as the SECRET_KEY above.
+    PLUGINS_ENCRYPTION_KEY = "insecure-development-plugins-key"
+
 ALLOWED_HOSTS = env_list("ALLOWED_HOSTS", ["localhost", "127.0.0.1", "[::1]"])
 CSRF_TRUSTED_ORIGINS = env_list("CSRF_TRUSTED_ORIGINS", [])
 
@@ -509,9 +525,7 @@ PLUGINS_BUILTIN = env_list(
         "plugins.builtin.conversation_search:plugin",
     ],
 )
-# Encrypts plugin and MCP server secrets at rest (any string; hashed into a Fernet key).
-# Empty: derived from SECRET_KEY, so rotating SECRET_KEY then needs the secrets entered again.
-PLUGINS_ENCRYPTION_KEY = os.environ.get("PLUGINS_ENCRYPTION_KEY", "")
+# PLUGINS_ENCRYPTION_KEY, which encrypts their secrets, is read at the top of this file.
 # A tool call running longer is abandoned with `timeout`; a result longer is `too_large`.
 PLUGINS_TOOL_TIMEOUT_SECONDS = env_int("PLUGINS_TOOL_TIMEOUT_SECONDS", 10)
 PLUGINS_RESULT_MAX_CHARS = env_int("PLUGINS_RESULT_MAX_CHARS", 16000)
