@@ -12,6 +12,7 @@ owner must both be the caller, and the conversation must not be deleted.
 
 from __future__ import annotations
 
+import functools
 import re
 import time
 import uuid
@@ -23,6 +24,7 @@ import numpy as np
 from django.conf import settings
 from django.db.models import Exists, OuterRef, QuerySet
 
+from chatsite.vanishing import unless_vanished
 from conversations.models import Message
 from plugins.models import MessageEmbedding
 
@@ -44,6 +46,12 @@ def _indexable(user_id: int) -> QuerySet[Message]:
 
 
 def _store(messages: list[Message]) -> int:
+    """Embed and index `messages`; returns how many were indexed.
+
+    A message whose conversation is removed while it is embedded (a `/v1` conversation goes
+    the moment its answer is final) is left out: the others are indexed without it, and no
+    row is ever written for it.
+    """
     if not messages:
         return 0
     vectors = embeddings.embed([message.content for message in messages])
@@ -57,13 +65,39 @@ def _store(messages: list[Message]) -> int:
         )
         for message, vector in zip(messages, vectors, strict=True)
     ]
-    # Two indexers of one message (the task and a query's catch-up) meet at the constraint.
-    MessageEmbedding.objects.bulk_create(rows, ignore_conflicts=True)
-    return len(rows)
+    while rows:
+        with unless_vanished(
+            MessageEmbedding,
+            still_there=functools.partial(_all_searchable, rows),
+            what=f"search index of {len(rows)} messages",
+        ) as write:
+            # Two indexers of one message (the task and a query's catch-up) meet at the
+            # unique constraint.
+            MessageEmbedding.objects.bulk_create(rows, ignore_conflicts=True)
+        if not write.vanished:
+            return len(rows)
+        # Fewer rows each time round: `still_there` re-raised unless some message went.
+        kept = _searchable(rows)
+        rows = [row for row in rows if row.message_id in kept]
+    return 0
+
+
+def _all_searchable(rows: list[MessageEmbedding]) -> bool:
+    return len(_searchable(rows)) == len(rows)
+
+
+def _searchable(rows: list[MessageEmbedding]) -> set[Any]:
+    """Which of the rows' messages still exist in a conversation that is not deleted."""
+    return set(
+        Message.objects.filter(
+            pk__in=[row.message_id for row in rows], conversation__deleted_at__isnull=True
+        ).values_list("pk", flat=True)
+    )
 
 
 def search_index_message(*, message_id: Any) -> bool:
-    """Embed one message for search; False if it is not searchable (role, status, deleted).
+    """Embed one message for search; False if it is not searchable (role, status, deleted),
+    and False, writing nothing, if its conversation is removed before it is indexed.
 
     Idempotent: a message already indexed under the current model is left alone.
     """
@@ -84,8 +118,7 @@ def search_index_message(*, message_id: Any) -> bool:
         message_id=message.pk, model_name=embeddings.MODEL_NAME
     ).exists():
         return True
-    _store([message])
-    return True
+    return _store([message]) == 1
 
 
 def search_index_pending(
