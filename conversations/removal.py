@@ -69,7 +69,10 @@ def conversation_remove(
 def _wipe(conversation: Conversation) -> None:
     """Delete every message and the conversation's content, keeping only a tombstone."""
     with transaction.atomic():
-        conversation.refresh_from_db(from_queryset=Conversation.objects.select_for_update())
+        try:
+            conversation.refresh_from_db(from_queryset=Conversation.objects.select_for_update())
+        except Conversation.DoesNotExist:
+            return  # dropped meanwhile (an unkept `/v1` one, its owner's account): nothing left
         if conversation.deleted_at is not None:
             return
         conversation.current_leaf = None

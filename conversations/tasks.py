@@ -3,7 +3,9 @@ requests that queue them after commit.
 
 Every task is idempotent (a repeat finds its work done and returns), so `acks_late` is safe:
 a worker that dies mid-task leaves the message to another. Faults of a worker, the database
-or Redis are retried with exponential backoff and jitter; time limits bound a hung call.
+or Redis are retried with exponential backoff and jitter; time limits bound a hung call. A
+conversation deleted before or while a task runs is no fault: the task writes nothing and
+returns (`chatsite.vanishing`), and is not retried.
 """
 
 from __future__ import annotations
