@@ -1,4 +1,4 @@
-"""Error codes of billing: quota refusals, idempotency conflicts, invoices."""
+"""Error codes of billing: quota refusals, idempotency conflicts, invoices, statements."""
 
 import enum
 
@@ -16,3 +16,4 @@ class ErrorCode(enum.StrEnum):
     INVOICE_NOT_OPEN = "invoice_not_open"
     MANUAL_PAYMENT_UNSUPPORTED = "manual_payment_unsupported"
     NOTHING_TO_INVOICE = "nothing_to_invoice"
+    ACCOUNT_DELETED = "account_deleted"

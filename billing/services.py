@@ -20,12 +20,12 @@ from typing import Any, cast
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
 from django.db.models import Exists, Max, OuterRef, Q
 from django.utils import timezone
 from django.utils.module_loading import import_string
 
 from chatsite.errors import ServiceError
+from chatsite.vanishing import unless_vanished
 from inference.models import Generation, ModelPool
 
 from . import quota
@@ -211,9 +211,12 @@ def _charged(generation: Generation, held: quota.Held | None) -> tuple[int, int]
     return prompt, output
 
 
-def usage_record(*, generation: Generation, now: int | None = None) -> None:
+def usage_record(*, generation: Generation, now: int | None = None) -> bool:
     """Write the usage event of a final generation (once: its id is the dedup key) and settle
-    its reservation with the real usage: unused tokens back, overruns charged, slot freed."""
+    its reservation with the real usage: unused tokens back, overruns charged, slot freed.
+
+    False, writing nothing, if the user's account was deleted meanwhile (nobody is charged).
+    """
     if not generation.is_final:
         raise ValueError("usage is recorded once a generation is final")
     held = quota.held(user_id=generation.user_id, reservation_id=str(generation.id))
@@ -224,34 +227,41 @@ def usage_record(*, generation: Generation, now: int | None = None) -> None:
     input_price = price.input_micros_per_million if price else 0
     output_price = price.output_micros_per_million if price else 0
     plan = plan_of(user_id=generation.user_id)
-    # Recorded, or already there: INSERT ... ON CONFLICT DO NOTHING (in the transaction
-    # bulk_create opens, three statements), where a read and then an insert in its own
-    # transaction took four on every answer.
-    UsageEvent.objects.bulk_create(
-        [
-            UsageEvent(
-                generation_id=generation.id,
-                user_id=generation.user_id,
-                pool_id=generation.pool_id,
-                plan=plan,
-                tier=generation.tier,
-                status=generation.status,
-                prompt_tokens=prompt,
-                output_tokens=output,
-                cached_tokens=generation.cached_tokens or 0,
-                input_micros_per_million=input_price,
-                output_micros_per_million=output_price,
-                cost_micros=generation_cost_micros(
+    # Recorded, or already there: INSERT ... ON CONFLICT DO NOTHING (in a transaction of its
+    # own, three statements), where a read and then an insert in its own transaction took
+    # four on every answer. Nothing, if the user's account was deleted since the answer.
+    with unless_vanished(
+        UsageEvent,
+        still_there=lambda: User.objects.filter(pk=generation.user_id).exists(),
+        what=f"usage of generation {generation.id}",
+    ) as write:
+        UsageEvent.objects.bulk_create(
+            [
+                UsageEvent(
+                    generation_id=generation.id,
+                    user_id=generation.user_id,
+                    pool_id=generation.pool_id,
+                    plan=plan,
+                    tier=generation.tier,
+                    status=generation.status,
                     prompt_tokens=prompt,
                     output_tokens=output,
-                    input_price=input_price,
-                    output_price=output_price,
-                ),
-                occurred_at=generation.finished_at or timezone.now(),
-            )
-        ],
-        ignore_conflicts=True,
-    )
+                    cached_tokens=generation.cached_tokens or 0,
+                    input_micros_per_million=input_price,
+                    output_micros_per_million=output_price,
+                    cost_micros=generation_cost_micros(
+                        prompt_tokens=prompt,
+                        output_tokens=output,
+                        input_price=input_price,
+                        output_price=output_price,
+                    ),
+                    occurred_at=generation.finished_at or timezone.now(),
+                )
+            ],
+            ignore_conflicts=True,
+        )
+    if write.vanished:
+        return False
     if held is not None:
         quota.settle(
             user_id=generation.user_id,
@@ -264,6 +274,7 @@ def usage_record(*, generation: Generation, now: int | None = None) -> None:
             refund_message=_consumed_nothing(generation.status, prompt + output),
             now=quota.now_ms() if now is None else now,
         )
+    return True
 
 
 def _consumed_nothing(status: str, charged_tokens: int) -> bool:
@@ -318,8 +329,8 @@ def usage_reconcile(*, now: datetime | None = None) -> ReconcileReport:
         .select_related("pool", "user")
     )
     for unrecorded_generation in unrecorded.iterator():
-        usage_record(generation=unrecorded_generation, now=now_ms)
-        report.events_recorded += 1
+        if usage_record(generation=unrecorded_generation, now=now_ms):
+            report.events_recorded += 1
 
     cutoff_ms = now_ms - int(grace.total_seconds() * 1000)
     for user_id, reservation_id in quota.open_reservations(before=cutoff_ms):
@@ -328,8 +339,8 @@ def usage_reconcile(*, now: datetime | None = None) -> ReconcileReport:
             if reservation_release(user_id=user_id, reservation_id=reservation_id, now=now_ms):
                 report.reservations_released += 1
         elif generation.is_final:
-            usage_record(generation=generation, now=now_ms)
-            report.reservations_settled += 1
+            if usage_record(generation=generation, now=now_ms):
+                report.reservations_settled += 1
         elif quota.slot_extend(user_id=user_id, reservation_id=reservation_id, now=now_ms):
             report.slots_kept += 1
 
@@ -426,8 +437,16 @@ def statement_close(*, user: User, period_start: date) -> Statement:
     """The user's statement of the month starting `period_start`, made once from the ledger.
 
     The plan fee is that of the plan the user is on when the month is closed (no proration).
-    Closing again returns the statement already made.
+    Closing again returns the statement already made. Raises 404 `account_deleted` if the
+    account is deleted meanwhile (nothing is written).
     """
+    statement = _statement_close(user=user, period_start=period_start)
+    if statement is None:
+        raise _account_deleted()
+    return statement
+
+
+def _statement_close(*, user: User, period_start: date) -> Statement | None:
     existing = Statement.objects.filter(user=user, period_start=period_start).first()
     if existing is not None:
         return existing
@@ -435,7 +454,12 @@ def statement_close(*, user: User, period_start: date) -> Statement:
     plan = plan_for_user(user=user)
     pools = usage_by_pool(user=user, start=start, end=end)
     usage_cost = sum(line.cost_micros for line in pools)
-    with transaction.atomic():
+    with unless_vanished(
+        Statement,
+        StatementLine,
+        still_there=lambda: User.objects.filter(pk=user.pk).exists(),
+        what=f"statement of user {user.pk} for {period_start}",
+    ) as write:
         statement, created = Statement.objects.get_or_create(
             user=user,
             period_start=period_start,
@@ -463,11 +487,12 @@ def statement_close(*, user: User, period_start: date) -> Statement:
                 )
                 for line in pools
             )
-    return statement
+    return None if write.vanished else statement
 
 
 def statements_close(*, period_start: date) -> list[Statement]:
-    """Close the month for every user with usage in it or a plan with a fee."""
+    """Close the month for every user with usage in it or a plan with a fee (but those whose
+    account is deleted meanwhile)."""
     start, end = period_bounds(period_start)
     users = (
         User.objects.filter(
@@ -477,7 +502,8 @@ def statements_close(*, period_start: date) -> list[Statement]:
         .exclude(statements__period_start=period_start)
         .distinct()
     )
-    return [statement_close(user=user, period_start=period_start) for user in users.iterator()]
+    closed = (_statement_close(user=user, period_start=period_start) for user in users.iterator())
+    return [statement for statement in closed if statement is not None]
 
 
 def payment_provider() -> PaymentProvider:
@@ -487,18 +513,36 @@ def payment_provider() -> PaymentProvider:
 
 
 def invoice_issue(*, statement: Statement) -> Invoice:
-    """Invoice a statement (once) and hand it to the payment provider."""
+    """Invoice a statement (once) and hand it to the payment provider.
+
+    Raises 404 `account_deleted` if the statement goes with its account meanwhile (nothing is
+    written, nothing is sent to the provider).
+    """
+    invoice = _invoice_issue(statement=statement)
+    if invoice is None:
+        raise _account_deleted()
+    return invoice
+
+
+def _invoice_issue(*, statement: Statement) -> Invoice | None:
     amount = micros_to_minor(statement.total_micros, minor_digits=settings.BILLING_MINOR_DIGITS)
     if amount == 0:
         raise ServiceError(ErrorCode.NOTHING_TO_INVOICE, "This statement has nothing to pay.")
-    invoice, created = Invoice.objects.get_or_create(
-        statement=statement,
-        defaults={
-            "amount_minor": amount,
-            "currency": settings.BILLING_CURRENCY,
-            "provider": settings.BILLING_PAYMENT_PROVIDER,
-        },
-    )
+    with unless_vanished(
+        Invoice,
+        still_there=lambda: Statement.objects.filter(pk=statement.pk).exists(),
+        what=f"invoice of statement {statement.pk}",
+    ) as write:
+        invoice, created = Invoice.objects.get_or_create(
+            statement=statement,
+            defaults={
+                "amount_minor": amount,
+                "currency": settings.BILLING_CURRENCY,
+                "provider": settings.BILLING_PAYMENT_PROVIDER,
+            },
+        )
+    if write.vanished:
+        return None
     if created or not invoice.provider_reference:
         # Outside any transaction of ours: a provider may be a remote service.
         invoice.provider_reference = payment_provider().invoice_issue(invoice=invoice)
@@ -507,12 +551,18 @@ def invoice_issue(*, statement: Statement) -> Invoice:
 
 
 def invoices_issue(*, period_start: date) -> list[Invoice]:
-    """Invoice every statement of the month that has something to pay and no invoice yet."""
+    """Invoice every statement of the month that has something to pay and no invoice yet
+    (but those whose account is deleted meanwhile)."""
     half_minor = 10 ** (6 - settings.BILLING_MINOR_DIGITS) // 2
     due = Statement.objects.filter(
         period_start=period_start, invoice__isnull=True, total_micros__gte=half_minor
     )
-    return [invoice_issue(statement=statement) for statement in due.iterator()]
+    issued = (_invoice_issue(statement=statement) for statement in due.iterator())
+    return [invoice for invoice in issued if invoice is not None]
+
+
+def _account_deleted() -> ServiceError:
+    return ServiceError(ErrorCode.ACCOUNT_DELETED, "The account was deleted meanwhile.", status=404)
 
 
 def invoice_mark_paid(*, invoice: Invoice, by: User) -> Invoice:

@@ -1,4 +1,8 @@
-"""Celery tasks of billing: reconciliation every minute, statements once a month ends."""
+"""Celery tasks of billing: reconciliation every minute, statements once a month ends.
+
+An account deleted while either runs is passed over: nothing is written for it and the task
+goes on with the others (`chatsite.vanishing`).
+"""
 
 from __future__ import annotations
 
