@@ -469,6 +469,10 @@ GENERATION_MAX_ATTEMPTS = env_int("GENERATION_MAX_ATTEMPTS", 2)
 # A scheduler replica that has not beaten its heartbeat for this long is dead: a live one
 # adopts its answers and restarts them on a worker (inference/scheduler/adoption.py).
 SCHEDULER_REPLICA_TTL_SECONDS = env_float("SCHEDULER_REPLICA_TTL_SECONDS", 5.0)
+# A Redis outage shorter than this (a failover) fails no answer: the scheduler holds up to
+# SCHEDULER_REDIS_OUTAGE_EVENTS stream events and appends them, in order, when it is back.
+SCHEDULER_REDIS_OUTAGE_SECONDS = env_float("SCHEDULER_REDIS_OUTAGE_SECONDS", 30.0)
+SCHEDULER_REDIS_OUTAGE_EVENTS = env_int("SCHEDULER_REDIS_OUTAGE_EVENTS", 100_000)
 # Where `prepare_model` puts the served model; the web tier reads only its tokenizer.json.
 MODEL_DIR = Path(os.environ.get("MODEL_DIR", DATA_DIR / "models" / "smollm2-135m-instruct"))
 WORKER_PYTHON = os.environ.get("WORKER_PYTHON", str(BASE_DIR / ".venv-worker" / "bin" / "python"))

@@ -403,7 +403,9 @@ class Capacity:
 
     async def release(self, generation_id: str) -> None:
         worker_id = self.leases.pop(generation_id, None)
-        if worker_id is not None:
+        if worker_id is None:
+            return
+        try:
             async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.zrem(queue.lease_key(worker_id), generation_id)
                 pipe.hdel(queue.lease_tokens_key(worker_id), generation_id)
@@ -412,6 +414,8 @@ class Capacity:
                 # poll (this one is woken by its own run's end).
                 pipe.publish(queue.wake_channel(), "released")
                 await pipe.execute()
+        except Exception:  # Redis is away: the lease, no longer renewed, lapses by itself
+            logger.warning("could not release the lease of %s", generation_id)
 
     def forget_lease(self, generation_id: str) -> None:
         """Stop renewing a lease without removing it: it now belongs to the replica that

@@ -36,12 +36,13 @@ from ..models import Generation
 from .capacity import Admitted, Capacity, Placement, WorkerView
 from .guard import ContentBlocked, GuardWindow, OutputGuard
 from .tools import ToolLoop, sent_calls
-from .writer import Coalescer, StreamWriter
+from .writer import REDIS_FAULTS, Coalescer, StreamWriter
 
 logger = logging.getLogger(__name__)
 
-# Postgres may refuse us for a moment (restart, connection limit): keep the final text.
-FINISH_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0)
+# Postgres may refuse us for a moment (restart, connection limit), or Redis (a failover):
+# keep the final text, for about as long as the writer holds events (a Redis outage).
+FINISH_RETRY_DELAYS = (0.5, 1.0, 2.0, 4.0, 8.0, 8.0, 8.0)
 
 
 @dataclass
@@ -124,7 +125,7 @@ class Runs:
     async def serve(self, run: Run) -> None:
         gid = run.job.generation_id
         try:
-            if await self.redis.hget(queue.job_key(gid), "cancel"):
+            if await self._cancel_asked(gid):
                 await self._finish(run, Generation.Status.CANCELLED, "cancelled")
                 return
             while True:
@@ -198,6 +199,12 @@ class Runs:
                 with contextlib.suppress(Exception):
                     await self.redis.srem(queue.owned_key(self.replica_id), gid)
 
+    async def _cancel_asked(self, generation_id: str) -> bool:
+        try:
+            return bool(await self.redis.hget(queue.job_key(generation_id), "cancel"))
+        except REDIS_FAULTS:
+            return False  # housekeeping finds the flag once Redis answers
+
     async def _attempt(self, run: Run) -> None:
         job, view = run.job, run.worker
         if run.announced_attempt != run.attempt:
@@ -208,35 +215,21 @@ class Runs:
             run.admission = services.Admission(
                 worker_id=view.id, attempt=run.attempt, admitted_at=timezone.now()
             )
-            async with self.redis.pipeline(transaction=False) as pipe:
-                if adopted:
-                    # Its replica died mid-answer: the client starts the text again.
-                    self.writer.queue_event(
-                        pipe,
-                        job.generation_id,
-                        StreamEvent.RESTART,
-                        RestartData(reason=ErrorCode.SCHEDULER_LOST, attempt=run.attempt),
-                    )
-                # An adopter learns how many attempts were made (GENERATION_MAX_ATTEMPTS).
-                pipe.eval(
-                    queue.HSET_IF_EXISTS,
-                    1,
-                    queue.job_key(job.generation_id),
-                    "attempt",
-                    run.attempt,
-                )
-                pipe.set(
-                    queue.affinity_key(job.conversation_id),
-                    view.id,
-                    ex=settings.SCHEDULER_AFFINITY_TTL_SECONDS,
-                )
-                self.writer.queue_event(
-                    pipe,
+            # Off the answer's way: a Redis that is away holds up neither (adoption reads the
+            # attempts made; the next turn's placement, the conversation's worker).
+            self._spawn(self._note_attempt(run))
+            if adopted:
+                # Its replica died mid-answer: the client starts the text again.
+                await self.writer.event(
                     job.generation_id,
-                    StreamEvent.META,
-                    MetaData(status="running", worker=view.name, attempt=run.attempt),
+                    StreamEvent.RESTART,
+                    RestartData(reason=ErrorCode.SCHEDULER_LOST, attempt=run.attempt),
                 )
-                await pipe.execute()
+            await self.writer.event(
+                job.generation_id,
+                StreamEvent.META,
+                MetaData(status="running", worker=view.name, attempt=run.attempt),
+            )
         if not run.messages:
             run.messages = list(job.messages)
         # A forced call is the first round's; the rounds after it let the model choose.
@@ -284,6 +277,26 @@ class Runs:
             await stream.aclose()  # type: ignore[attr-defined]
         await self._flush(run)
 
+    async def _note_attempt(self, run: Run) -> None:
+        job = run.job
+        try:
+            async with self.redis.pipeline(transaction=False) as pipe:
+                pipe.eval(
+                    queue.HSET_IF_EXISTS,
+                    1,
+                    queue.job_key(job.generation_id),
+                    "attempt",
+                    run.attempt,
+                )
+                pipe.set(
+                    queue.affinity_key(job.conversation_id),
+                    run.worker.id,
+                    ex=settings.SCHEDULER_AFFINITY_TTL_SECONDS,
+                )
+                await pipe.execute()
+        except REDIS_FAULTS:
+            logger.warning("could not note attempt %d of %s", run.attempt, job.generation_id)
+
     async def _first_token(self, run: Run, admission: services.Admission) -> None:
         """The attempt's first text: Postgres learns where and since when it runs, in one
         write off the answer's way; the job's first-token time is kept for the first only."""
@@ -292,9 +305,12 @@ class Runs:
         gid = run.job.generation_id
         if not run.first_token_seen:
             run.first_token_seen = True
-            await self.redis.eval(
-                queue.HSET_IF_EXISTS, 1, queue.job_key(gid), "first_token_ms", queue.now_ms()
-            )
+            try:
+                await self.redis.eval(
+                    queue.HSET_IF_EXISTS, 1, queue.job_key(gid), "first_token_ms", queue.now_ms()
+                )
+            except REDIS_FAULTS:  # Redis is away; the answer goes on (the writer holds it)
+                logger.warning("could not note the first token of %s", gid)
         self._spawn(
             sync_to_async(services.generation_mark_started)(
                 generation_id=gid, admission=run.admission
@@ -422,6 +438,8 @@ class Runs:
             # The worker read the whole prompt before its first token; charge our count of it.
             usage = {"prompt_tokens": run.job.prompt_tokens}
         details = usage.get("prompt_tokens_details") or {}
+        # The final state after the answer's events: wait for those Redis has yet to take.
+        await self.writer.drained(run.job.generation_id)
         for delay in FINISH_RETRY_DELAYS:
             try:
                 await sync_to_async(services.generation_finish)(

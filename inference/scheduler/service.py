@@ -42,7 +42,7 @@ from .kv_events import KVEventsApplier, KVEventsSubscriber
 from .placement import configured_policy
 from .run import Run, Runs
 from .tools import ToolLoop, configured_runner
-from .writer import StreamWriter
+from .writer import REDIS_FAULTS, StreamWriter
 
 logger = logging.getLogger(__name__)
 
@@ -165,6 +165,8 @@ class Scheduler:
                 await step()
             except asyncio.CancelledError:
                 raise
+            except REDIS_FAULTS as exc:
+                logger.warning("scheduler loop %s: Redis does not answer (%r)", step.__name__, exc)
             except Exception:
                 logger.exception("scheduler loop %s failed; retrying", step.__name__)
             await asyncio.sleep(interval)
@@ -293,6 +295,9 @@ class Scheduler:
                 dispatched = await self.dispatch_once()
             except asyncio.CancelledError:
                 raise
+            except REDIS_FAULTS as exc:
+                logger.warning("dispatch: Redis does not answer (%r)", exc)
+                dispatched = False
             except Exception:
                 logger.exception("dispatch failed; retrying")
                 dispatched = False
@@ -375,6 +380,9 @@ class Scheduler:
                 await self._listen()
             except asyncio.CancelledError:
                 raise
+            except REDIS_FAULTS as exc:
+                logger.warning("listening: Redis does not answer (%r); reconnecting", exc)
+                await asyncio.sleep(1.0)
             except Exception:
                 logger.exception("listening for wake-ups and cancels failed; reconnecting")
                 await asyncio.sleep(1.0)

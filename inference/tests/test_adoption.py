@@ -96,7 +96,7 @@ def _claim_as(replica: str, pool: str, tier: str = "free") -> str:
         queue.CLAIM, len(keys), *keys, queue.job_key(""), replica, "0", queue.owned_key(replica)
     )
     assert claimed
-    return str(claimed[0])  # type: ignore[index]
+    return str(claimed[0])
 
 
 def _steady(liveness: Liveness) -> Liveness:

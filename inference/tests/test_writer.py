@@ -7,11 +7,51 @@ import asyncio
 from typing import Any
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from chatsite.redis import async_redis
 from chatsite.stream_events import StreamEvent
 from inference import queue
-from inference.scheduler.writer import StreamWriter
+from inference.scheduler.writer import StreamLost, StreamWriter
+
+
+class FlakyRedis:
+    """A real client whose first `failures` pipelines time out: before they reach Redis, or
+    (`apply_failed`) after Redis ran them, as a paused Redis does when it resumes."""
+
+    def __init__(self, redis: Any, *, failures: int, apply_failed: bool = False) -> None:
+        self.redis = redis
+        self.failures = failures
+        self.apply_failed = apply_failed
+        self.failed = 0
+
+    def pipeline(self, **kwargs: Any) -> Any:
+        flaky = self
+
+        class Pipeline:
+            def __init__(self) -> None:
+                self.inner = flaky.redis.pipeline(**kwargs)
+
+            async def __aenter__(self) -> Pipeline:
+                await self.inner.__aenter__()
+                return self
+
+            async def __aexit__(self, *exc: Any) -> None:
+                await self.inner.__aexit__(*exc)
+
+            def __getattr__(self, name: str) -> Any:
+                return getattr(self.inner, name)
+
+            async def execute(self, **options: Any) -> Any:
+                if flaky.failed < flaky.failures:
+                    flaky.failed += 1
+                    if flaky.apply_failed:
+                        await self.inner.execute(**options)
+                    raise RedisTimeoutError("Timeout reading from Redis")
+                return await self.inner.execute(**options)
+
+        return Pipeline()
 
 
 class CountingRedis:
@@ -48,18 +88,61 @@ async def test_events_of_many_generations_share_round_trips_and_keep_their_order
     assert counting.pipelines <= 20
 
 
-async def test_a_failed_batch_fails_each_of_its_callers() -> None:
-    class Broken:
-        def pipeline(self, **kwargs: Any) -> Any:
-            raise ConnectionError("Redis is gone")
+async def test_while_redis_is_away_events_are_held_and_then_appended_in_order(
+    settings: Any,
+) -> None:
+    redis = async_redis()
+    away = FlakyRedis(redis, failures=3)
+    writer = StreamWriter(away)
+    try:
+        # Each caller goes on at once while Redis does not answer.
+        for piece in range(5):
+            await asyncio.wait_for(
+                writer.event("writer-held", StreamEvent.DELTA, {"text": str(piece)}), timeout=2
+            )
+        await asyncio.wait_for(writer.drained("writer-held"), timeout=10)
+        entries: Any = await redis.xrange(queue.stream_key("writer-held"))
+        assert [fields["data"] for _, fields in entries] == [
+            f'{{"text": "{piece}"}}' for piece in range(5)
+        ]
+        assert away.failed == 3
+    finally:
+        await redis.aclose()
 
-    writer = StreamWriter(Broken())
-    results = await asyncio.gather(
-        writer.event("a", StreamEvent.DELTA, {"text": "x"}),
-        writer.event("b", StreamEvent.DELTA, {"text": "y"}),
-        return_exceptions=True,
-    )
-    assert [type(result) for result in results] == [ConnectionError, ConnectionError]
+
+async def test_a_batch_redis_took_before_its_answer_was_lost_is_not_appended_twice() -> None:
+    redis = async_redis()
+    # The first round trip reaches Redis, but its answer never comes back.
+    late = FlakyRedis(redis, failures=1, apply_failed=True)
+    writer = StreamWriter(late)
+    try:
+        await writer.event("writer-once", StreamEvent.DELTA, {"text": "a"})
+        await writer.event("writer-once", StreamEvent.DELTA, {"text": "b"})
+        await writer.drained("writer-once")
+        entries: Any = await redis.xrange(queue.stream_key("writer-once"))
+        assert [fields["data"] for _, fields in entries] == ['{"text": "a"}', '{"text": "b"}']
+    finally:
+        await redis.aclose()
+
+
+async def test_past_the_outage_limit_the_held_events_are_dropped_and_their_answer_fails(
+    settings: Any,
+) -> None:
+    settings.SCHEDULER_REDIS_OUTAGE_SECONDS = 0.3
+
+    class Gone:
+        def pipeline(self, **kwargs: Any) -> Any:
+            raise RedisConnectionError("Redis is gone")
+
+    writer = StreamWriter(Gone())
+    await writer.event("a", StreamEvent.DELTA, {"text": "x"})  # held
+    with pytest.raises(StreamLost):
+        await asyncio.wait_for(writer.drained("a"), timeout=5)
+    # Another generation's events are tried again from scratch.
+    second = asyncio.ensure_future(writer.event("b", StreamEvent.DELTA, {"text": "y"}))
+    await asyncio.wait_for(second, timeout=2)  # held again, its caller goes on
+    with pytest.raises(StreamLost):
+        await asyncio.wait_for(writer.drained("b"), timeout=5)
 
 
 async def test_a_cancelled_caller_does_not_stop_the_others() -> None:
