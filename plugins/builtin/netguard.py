@@ -14,7 +14,9 @@ addresses, not names:
    SNI), and the request still carries the original Host header.
 
 `GuardedBackend` plugs the three steps into httpcore's connection pool, so they run for
-every connection the pool opens, including each redirect hop.
+every connection the pool opens, including each redirect hop. Which addresses are public is
+the service's one address policy (`chatsite.netpolicy.address_refusal`); the only way past it
+here is an exact address-and-port pair (`parse_allowlist`).
 """
 
 from __future__ import annotations
@@ -27,52 +29,12 @@ from typing import Any
 
 import httpcore
 
+from chatsite.netpolicy import IPAddress, address_refusal
 from plugins.sdk import ToolError
-
-IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
-
-# Named first so that the refusal says which rule matched; the property checks below catch
-# the rest of the special-purpose space (benchmarking, documentation, 240/4, ...).
-_NAMED_NETWORKS: list[tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, str]] = [
-    (ipaddress.ip_network("169.254.169.254/32"), "a cloud metadata address"),
-    (ipaddress.ip_network("fd00:ec2::254/128"), "a cloud metadata address"),
-    (ipaddress.ip_network("100.64.0.0/10"), "a carrier-grade NAT address"),
-    (ipaddress.ip_network("64:ff9b::/96"), "a NAT64 address"),
-    (ipaddress.ip_network("64:ff9b:1::/48"), "a NAT64 address"),
-]
 
 
 class AddressRefused(ToolError):
     """The URL leads to an address the service must not reach on a user's behalf."""
-
-
-def address_refusal(address: IPAddress) -> str | None:
-    """Why `address` may not be reached (e.g. "a loopback address"), or None if it may."""
-    for network, reason in _NAMED_NETWORKS:
-        if address.version == network.version and address in network:
-            return reason
-    if isinstance(address, ipaddress.IPv6Address):
-        # An IPv6 address that carries an IPv4 one reaches that IPv4 address.
-        embedded = address.ipv4_mapped or address.sixtofour
-        if embedded is not None:
-            return address_refusal(embedded)
-        if address.teredo is not None:
-            return "a Teredo address"
-        if address.is_site_local:
-            return "a site-local address"
-    checks = [
-        (address.is_unspecified, "an unspecified address"),
-        (address.is_loopback, "a loopback address"),
-        (address.is_link_local, "a link-local address"),
-        (address.is_multicast, "a multicast address"),
-        (address.is_private, "a private address"),
-        (address.is_reserved, "a reserved address"),
-        (not address.is_global, "a non-public address"),
-    ]
-    for refused, reason in checks:
-        if refused:
-            return reason
-    return None
 
 
 def parse_allowlist(entries: Iterable[str]) -> frozenset[tuple[IPAddress, int]]:

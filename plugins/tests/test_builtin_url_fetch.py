@@ -21,6 +21,7 @@ from urllib.parse import parse_qs, urlparse
 import httpcore
 import pytest
 
+from chatsite import netpolicy
 from plugins.builtin import netguard
 from plugins.builtin.url_fetch import fetch, plugin
 from plugins.sdk import ToolContext, ToolError
@@ -226,13 +227,14 @@ def test_the_allowlist_is_exact_address_and_port(settings, no_sockets) -> None:
         fetch(ctx(), {"url": "http://127.0.0.2:9/"})
 
 
-def test_address_rules() -> None:
+def test_address_rules_are_the_services_one_policy() -> None:
     refused = ["127.0.0.1", "10.1.2.3", "169.254.169.254", "fd00:ec2::254", "::", "ff02::1"]
     allowed = ["93.184.215.14", "1.1.1.1", "2606:4700:4700::1111"]
+    assert netguard.address_refusal is netpolicy.address_refusal
     for text in refused:
-        assert netguard.address_refusal(ipaddress.ip_address(text)) is not None, text
+        assert netpolicy.address_refusal(ipaddress.ip_address(text)) is not None, text
     for text in allowed:
-        assert netguard.address_refusal(ipaddress.ip_address(text)) is None, text
+        assert netpolicy.address_refusal(ipaddress.ip_address(text)) is None, text
 
 
 def test_fetches_html_as_readable_text(server: str) -> None:
