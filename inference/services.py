@@ -34,7 +34,7 @@ from chatsite.stream_events import MetaData, StreamEvent
 from . import queue
 from .errors import ErrorCode
 from .hooks import Outcome, get_hooks
-from .models import Generation, ModelPool, Worker
+from .models import Generation, ModelPool, Worker, worker_url_refusal
 from .tokens import count_tokens, pool_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -425,6 +425,11 @@ def workers_sync_from_settings() -> list[Worker]:
             raise ServiceError(
                 ErrorCode.BAD_WORKER_SETTING,
                 f"INFERENCE_WORKERS entry {entry!r} is not pool=http(s)://host:port",
+            )
+        refusal = worker_url_refusal(url.strip())
+        if refusal is not None:
+            raise ServiceError(
+                ErrorCode.BAD_WORKER_SETTING, f"INFERENCE_WORKERS entry {entry!r}: {refusal}"
             )
         pool, _ = ModelPool.objects.get_or_create(
             name=pool_name.strip(), defaults={"served_model": pool_name.strip()}

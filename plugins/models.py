@@ -9,7 +9,13 @@ last listed, and each conversation's tool switches.
 from __future__ import annotations
 
 from django.conf import settings
+from django.core.exceptions import ValidationError
 from django.db import models
+
+from chatsite.netpolicy import AddressPolicy
+
+# The networks MCP servers may be on besides public addresses (chatsite/netpolicy.py).
+MCP_NETWORKS_SETTING = "PLUGINS_MCP_ALLOWED_NETWORKS"
 
 
 class PluginConfig(models.Model):
@@ -44,6 +50,8 @@ class McpServer(models.Model):
 
     Its tools are listed by staff ("refresh tools") and stored in `tools`; the model sees them
     as `<slug>__<tool>`. `secret_headers` (a token and extra HTTP headers) is encrypted.
+    `url` must lead to a public address, or to one of `PLUGINS_MCP_ALLOWED_NETWORKS`: checked
+    when staff save it (`clean`) and on every connection (`plugins.mcp_client`).
     """
 
     slug = models.SlugField(
@@ -73,6 +81,12 @@ class McpServer(models.Model):
 
     def __str__(self) -> str:
         return self.name or self.slug
+
+    def clean(self) -> None:
+        super().clean()
+        refusal = AddressPolicy.from_setting(MCP_NETWORKS_SETTING).url_refusal(self.url)
+        if refusal is not None:
+            raise ValidationError({"url": refusal})
 
 
 class ConversationTool(models.Model):

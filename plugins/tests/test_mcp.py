@@ -177,3 +177,74 @@ def test_admin_refreshes_and_never_shows_the_token(mcp_server, admin_client):
     }
     assert admin_client.post(change, form).status_code == 302
     assert mcp_server_refresh_tools(server=mcp_server) == 3, "an empty token keeps the old one"
+
+
+def test_a_server_name_resolving_to_loopback_is_refused_when_connecting(
+    mcp_server: McpServer, user: Any, settings: Any
+) -> None:
+    # As a DNS change would (no save, no `clean`): the same server under a name.
+    McpServer.objects.filter(pk=mcp_server.pk).update(
+        url=mcp_server.url.replace("127.0.0.1", "localhost")
+    )
+    mcp_server.refresh_from_db()
+    assert mcp_server_refresh_tools(server=mcp_server) == 3, "allowed, the name is reached"
+
+    settings.PLUGINS_MCP_ALLOWED_NETWORKS = []
+    with pytest.raises(ServiceError) as refused:
+        mcp_server_refresh_tools(server=mcp_server)
+    result = tool_run(
+        user_id=user.pk, conversation_id=None, name="calc__add", arguments='{"a": 2, "b": 40}'
+    )
+
+    assert refused.value.code == "mcp_unreachable"
+    mcp_server.refresh_from_db()
+    assert mcp_server.last_error == "Listing tools failed: AddressRefused"
+    assert result.error_code == "failed"
+    assert "AddressRefused" in result.content
+
+
+def _admin_form(url: str) -> dict[str, str]:
+    return {
+        "slug": "internal",
+        "name": "Internal",
+        "url": url,
+        "all_plans": "on",
+        "token": "",
+        "extra_headers": "",
+    }
+
+
+@pytest.mark.parametrize(
+    ("url", "says"),
+    [
+        ("http://169.254.169.254/", "'169.254.169.254' is a cloud metadata address"),
+        ("http://127.0.0.1:6379", "'127.0.0.1' is a loopback address"),
+        ("http://[::1]:8000/mcp", "'::1' is a loopback address"),
+        ("http://10.0.0.8/mcp", "'10.0.0.8' is a private address"),
+        ("http://localhost:8000/mcp", "'localhost' resolves to"),
+    ],
+)
+def test_admin_refuses_a_server_on_a_non_public_address(
+    admin_client: Any, settings: Any, url: str, says: str
+) -> None:
+    settings.PLUGINS_MCP_ALLOWED_NETWORKS = []
+
+    response = admin_client.post(reverse("admin:plugins_mcpserver_add"), _admin_form(url))
+
+    assert response.status_code == 200
+    errors = response.context["adminform"].form.errors
+    assert list(errors) == ["url"]
+    assert says in errors["url"][0]
+    assert "PLUGINS_MCP_ALLOWED_NETWORKS" in errors["url"][0]
+    assert not McpServer.objects.filter(slug="internal").exists()
+
+
+def test_admin_accepts_a_network_the_setting_allows(admin_client: Any, settings: Any) -> None:
+    settings.PLUGINS_MCP_ALLOWED_NETWORKS = ["10.0.0.0/8"]
+
+    response = admin_client.post(
+        reverse("admin:plugins_mcpserver_add"), _admin_form("http://10.0.0.8/mcp")
+    )
+
+    assert response.status_code == 302
+    assert McpServer.objects.get(slug="internal").url == "http://10.0.0.8/mcp"
