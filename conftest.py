@@ -11,6 +11,7 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from accounts.models import ApiKey
 from accounts.services import api_key_create
 from accounts.tests.factories import UserFactory
 from chatsite import catalog
@@ -86,8 +87,9 @@ def other_user(db: Any) -> Any:
 
 @pytest.fixture
 def api_client(user: Any) -> APIClient:
-    """A client authenticated with one of `user`'s API keys."""
-    _, raw_key = api_key_create(user=user, name="tests")
+    """A client authenticated with one of `user`'s API keys, a full-scope one (the whole
+    account; accounts/tests/test_scopes.py has chat keys)."""
+    _, raw_key = api_key_create(user=user, name="tests", scope=ApiKey.Scope.FULL)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
     return client
@@ -95,7 +97,7 @@ def api_client(user: Any) -> APIClient:
 
 @pytest.fixture
 def other_api_client(other_user: Any) -> APIClient:
-    _, raw_key = api_key_create(user=other_user, name="tests")
+    _, raw_key = api_key_create(user=other_user, name="tests", scope=ApiKey.Scope.FULL)
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
     return client

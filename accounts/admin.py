@@ -12,14 +12,16 @@ class ApiKeyAdmin(admin.ModelAdmin[ApiKey]):
         "name",
         "prefix",
         "user",
+        "scope",
         "store_conversations",
         "created_at",
         "last_used_at",
         "revoked_at",
     ]
-    list_filter = [("revoked_at", admin.EmptyFieldListFilter), "store_conversations"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter), "scope", "store_conversations"]
     search_fields = ["name", "prefix", "user__username", "user__email"]
-    readonly_fields = ["user", "prefix", "created_at", "last_used_at", "revoked_at"]
+    # The scope is its owner's choice at creation: staff see it and can revoke, not widen it.
+    readonly_fields = ["user", "prefix", "scope", "created_at", "last_used_at", "revoked_at"]
     fields = ["name", "store_conversations", *readonly_fields]
     actions = ["revoke"]
 

@@ -1,20 +1,43 @@
 """`Authorization: Bearer <key>`: for the JSON API (DRF), and for the views DRF does not serve
-(the SSE streams, the rate-limit headers)."""
+(the SSE streams, the rate-limit headers); and what a key's scope lets it call.
+
+The rule of scopes (`ApiKey.Scope`), held in one place, `ApiKeyScopePermission`:
+
+- a `chat` key may chat: the OpenAI-compatible `/v1`, and the JSON API's conversations,
+  messages, branches, a conversation's tools and generations (their detail, cancel and SSE
+  stream), and the user's event stream;
+- managing the account needs a `full` key or a signed-in session: creating, listing, changing
+  and revoking API keys, and billing (usage and statements). Such a view says so with
+  `required_scope = ApiKey.Scope.FULL`; a chat key calling it gets 403 `insufficient_scope`
+  in the API's own error shape. The account's other management (password, sign-up, log-in,
+  the keys page) are pages of the site, which take no API key at all.
+
+`/v1` and the SSE streams serve chat only, so any active key may call them; a DRF view that
+names no `required_scope` is chat. A revoked key is refused from its next request on, in
+every one of them (`api_key_authenticate` reads the key on each request).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 from django.http import HttpRequest
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
-from rest_framework import authentication, exceptions
+from rest_framework import authentication, exceptions, permissions
 from rest_framework.request import Request
 
 from chatsite.auth import BEARER, bearer_token
+from chatsite.errors import ServiceError
 
+from .errors import ErrorCode
+from .models import ApiKey
 from .services import api_key_authenticate
+
+if TYPE_CHECKING:
+    # Only for the annotation: DRF imports this module while rest_framework.views loads.
+    from rest_framework.views import APIView
 
 
 class APIKeyAuthentication(authentication.BaseAuthentication):
@@ -35,6 +58,26 @@ class APIKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Request) -> str:
         return self.keyword
+
+
+class ApiKeyScopePermission(permissions.BasePermission):
+    """Refuses an API key whose scope does not cover the view (`required_scope`, chat if the
+    view names none): 403 `insufficient_scope`. Sessions are not limited by it."""
+
+    def has_permission(self, request: Request, view: APIView) -> bool:
+        key = request.auth
+        if not isinstance(key, ApiKey):
+            return True  # a session, or nobody (IsAuthenticated answers for that)
+        required: str = getattr(view, "required_scope", ApiKey.Scope.CHAT)
+        if key.has_scope(required):
+            return True
+        raise ServiceError(
+            ErrorCode.INSUFFICIENT_SCOPE,
+            f"This API key is {key.scope} only; this endpoint needs a {required} key "
+            "or a signed-in session.",
+            status=403,
+            detail={"key_scope": key.scope, "required_scope": required},
+        )
 
 
 def api_key_user(request: HttpRequest) -> User | None:

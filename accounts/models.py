@@ -11,7 +11,16 @@ class ApiKey(models.Model):
 
     The raw key is shown once at creation; only its SHA-256 digest is stored. Keys carry
     enough entropy (240 bits) that a fast digest is safe: there is nothing to brute-force.
+
+    Its `scope` is what it may do (`accounts.authentication.ApiKeyScopePermission` holds the
+    rule): `chat` keys chat, `full` keys manage the account too (API keys, billing). A new key
+    is `chat` unless its owner asks for more: the key an integration needs, and the less a
+    leaked one gives away. Keys made before scopes existed were all-powerful and stay `full`.
     """
+
+    class Scope(models.TextChoices):
+        CHAT = "chat", "Chat only"
+        FULL = "full", "Full account"
 
     user = models.ForeignKey(
         settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="api_keys"
@@ -22,6 +31,15 @@ class ApiKey(models.Model):
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked_at = models.DateTimeField(null=True, blank=True)
+    scope = models.CharField(
+        max_length=8,
+        choices=Scope.choices,
+        default=Scope.CHAT,
+        help_text=(
+            "Chat only: the OpenAI-compatible API, conversations, messages and generations. "
+            "Full account: also API keys and billing."
+        ),
+    )
     store_conversations = models.BooleanField(
         default=True,
         help_text=(
@@ -40,3 +58,7 @@ class ApiKey(models.Model):
     @property
     def is_active(self) -> bool:
         return self.revoked_at is None
+
+    def has_scope(self, required: str) -> bool:
+        """Whether this key may do what needs `required`: a full key may do anything."""
+        return self.scope == ApiKey.Scope.FULL or required == ApiKey.Scope.CHAT

@@ -28,13 +28,28 @@ def hash_key(raw_key: str) -> str:
 
 
 def api_key_create(
-    *, user: User, name: str, store_conversations: bool = True
+    *,
+    user: User,
+    name: str,
+    scope: str = ApiKey.Scope.CHAT,
+    store_conversations: bool = True,
+    created_with: ApiKey | None = None,
 ) -> tuple[ApiKey, str]:
     """Create a key for `user` and return it with the raw key, which is never stored.
 
-    `store_conversations` decides whether what the OpenAI-compatible API gets with this key
-    is kept as conversations.
+    `scope` is what the key may do (`ApiKey.Scope`; chat only unless asked). A key made with
+    another key (`created_with`) never gets a wider scope than that one has: 403
+    `insufficient_scope`. `store_conversations` decides whether what the OpenAI-compatible
+    API gets with this key is kept as conversations.
     """
+    scope = ApiKey.Scope(scope)  # a scope that does not exist is a caller's bug: ValueError
+    if created_with is not None and not created_with.has_scope(scope):
+        raise ServiceError(
+            ErrorCode.INSUFFICIENT_SCOPE,
+            f"A {created_with.scope} API key cannot create a {scope} key.",
+            status=403,
+            detail={"key_scope": created_with.scope, "required_scope": scope},
+        )
     with transaction.atomic():
         active = ApiKey.objects.select_for_update().filter(user=user, revoked_at__isnull=True)
         if active.count() >= MAX_ACTIVE_KEYS_PER_USER:
@@ -48,6 +63,7 @@ def api_key_create(
             name=name.strip() or "API key",
             prefix=raw_key[:12],
             key_hash=hash_key(raw_key),
+            scope=scope,
             store_conversations=store_conversations,
         )
     return key, raw_key

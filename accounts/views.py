@@ -18,6 +18,7 @@ from chatsite.errors import NotFound, ServiceError
 
 from . import selectors, services
 from .abuse import abuse_limit
+from .models import ApiKey
 
 
 @require_http_methods(["GET", "POST"])
@@ -35,6 +36,14 @@ def signup(request: HttpRequest) -> HttpResponse:
 
 class ApiKeyForm(forms.Form):
     name = forms.CharField(max_length=100)
+    # Chat only unless asked (ApiKey's docstring says why); a form without it is chat.
+    scope = forms.TypedChoiceField(
+        choices=ApiKey.Scope.choices,
+        initial=ApiKey.Scope.CHAT,
+        required=False,
+        empty_value=ApiKey.Scope.CHAT,
+        label="Scope",
+    )
     store_conversations = forms.BooleanField(
         required=False,
         initial=True,
@@ -55,6 +64,7 @@ def api_keys(request: HttpRequest) -> HttpResponse:
             _, new_key = services.api_key_create(
                 user=request_user(request),
                 name=form.cleaned_data["name"],
+                scope=form.cleaned_data["scope"],
                 store_conversations=form.cleaned_data["store_conversations"],
             )
         except ServiceError as exc:

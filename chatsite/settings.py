@@ -281,7 +281,11 @@ REST_FRAMEWORK = {
         "accounts.authentication.APIKeyAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    # Signed in, and by an API key whose scope covers the view (accounts/authentication.py).
+    "DEFAULT_PERMISSION_CLASSES": [
+        "rest_framework.permissions.IsAuthenticated",
+        "accounts.authentication.ApiKeyScopePermission",
+    ],
     # DRF's JSON parser, refusing what Python's json takes and JSON does not (chatsite/jsonbody).
     "DEFAULT_PARSER_CLASSES": [
         "chatsite.api.parsers.JSONParser",

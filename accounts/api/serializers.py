@@ -18,6 +18,7 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
             "last_used_at",
             "revoked_at",
             "is_active",
+            "scope",
             "store_conversations",
         ]
         read_only_fields = fields
@@ -25,6 +26,14 @@ class ApiKeySerializer(serializers.ModelSerializer[ApiKey]):
 
 class ApiKeyCreateSerializer(serializers.Serializer[None]):
     name = serializers.CharField(max_length=100)
+    scope = serializers.ChoiceField(
+        choices=ApiKey.Scope.choices,
+        default=ApiKey.Scope.CHAT,
+        help_text=(
+            "chat: the OpenAI-compatible API, conversations, messages and generations only. "
+            "full: the whole account, API keys and billing included."
+        ),
+    )
     store_conversations = serializers.BooleanField(
         default=True,
         help_text="Keep OpenAI-compatible API requests made with this key as conversations.",

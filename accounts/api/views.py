@@ -1,4 +1,7 @@
-"""API keys over the JSON API: list, create (the raw key is in this answer only), revoke."""
+"""API keys over the JSON API: list, create (the raw key is in this answer only), revoke.
+
+Managing keys is managing the account: a full-scope key or a session (`required_scope`).
+"""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from rest_framework.views import APIView
 
 from accounts import selectors, services
 from accounts.abuse import abuse_limit
+from accounts.models import ApiKey
 from chatsite.auth import request_user
 
 from .serializers import (
@@ -23,6 +27,8 @@ from .serializers import (
 
 
 class ApiKeyListView(APIView):
+    required_scope = ApiKey.Scope.FULL
+
     @extend_schema(responses=ApiKeySerializer(many=True))
     def get(self, request: Request) -> Response:
         keys = selectors.api_keys_for_user(user=request_user(request))
@@ -37,7 +43,9 @@ class ApiKeyListView(APIView):
         key, raw_key = services.api_key_create(
             user=request_user(request),
             name=form.validated_data["name"],
+            scope=form.validated_data["scope"],
             store_conversations=form.validated_data["store_conversations"],
+            created_with=request.auth if isinstance(request.auth, ApiKey) else None,
         )
         body = dict(ApiKeySerializer(key).data)
         body["key"] = raw_key
@@ -45,6 +53,8 @@ class ApiKeyListView(APIView):
 
 
 class ApiKeyDetailView(APIView):
+    required_scope = ApiKey.Scope.FULL
+
     @extend_schema(responses=ApiKeySerializer)
     def get(self, request: Request, key_id: int) -> Response:
         key = selectors.api_key_for_user(user=request_user(request), key_id=key_id)

@@ -74,13 +74,13 @@ def test_the_key_works_as_bearer_and_records_its_use(created: dict[str, Any], us
 
 
 def test_a_revoked_key_is_401(api_client: APIClient, created: dict[str, Any]) -> None:
-    assert bearer(created["key"]).get(KEYS).status_code == 200
+    assert bearer(created["key"]).get("/api/v1/conversations").status_code == 200
 
     revoke = api_client.delete(f"{KEYS}/{created['id']}")
 
     assert revoke.status_code == 204
     assert ApiKey.objects.get(pk=created["id"]).revoked_at is not None
-    response = bearer(created["key"]).get(KEYS)
+    response = bearer(created["key"]).get("/api/v1/conversations")
     assert response.status_code == 401
     assert response.json()["error"]["code"] == "authentication_failed"
 

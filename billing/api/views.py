@@ -1,4 +1,7 @@
-"""Billing over the JSON API: the caller's usage and limits, and their statements."""
+"""Billing over the JSON API: the caller's usage and limits, and their statements.
+
+The account's money: a full-scope API key or a session (`required_scope`), not a chat key.
+"""
 
 from __future__ import annotations
 
@@ -7,6 +10,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.models import ApiKey
 from billing import selectors
 from chatsite.auth import request_user
 
@@ -16,6 +20,8 @@ TAGS = ["billing"]
 
 
 class UsageView(APIView):
+    required_scope = ApiKey.Scope.FULL
+
     @extend_schema(
         tags=TAGS,
         operation_id="billing_usage",
@@ -28,6 +34,8 @@ class UsageView(APIView):
 
 
 class StatementListView(APIView):
+    required_scope = ApiKey.Scope.FULL
+
     @extend_schema(
         tags=TAGS,
         operation_id="billing_statements",

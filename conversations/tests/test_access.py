@@ -209,7 +209,7 @@ def test_a_session_write_with_the_csrf_token_succeeds(
 def test_an_api_key_write_needs_no_csrf_token(
     user: Any, own: Conversation, method: str, url: str, body: Any, status: int
 ) -> None:
-    _, raw_key = api_key_create(user=user, name="script")
+    _, raw_key = api_key_create(user=user, name="script", scope=ApiKey.Scope.FULL)
     client = APIClient(enforce_csrf_checks=True)
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
 
