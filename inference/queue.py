@@ -7,7 +7,8 @@ scheduler replicas and edge processes can share one Redis without locks:
                      by their start tag in a fair queue between users (`ENQUEUE`)
 - `qt:<pool>:<tier>` the same ids scored by enqueue time (ms), for the queue time limit
 - `fair:<pool>:<tier>` hash: the queue's virtual time `V` and each user's last finish tag
-- `job:<id>`         hash: what the scheduler needs to run the generation (prompt, limits)
+- `job:<id>`         hash: what the scheduler needs to run the generation (prompt, limits);
+                     `detached_ms` since when nobody reads its stream
 - `lease:<worker>`   sorted set of generation ids running on a worker, scored by lease expiry;
                      a replica that dies stops renewing, and its leases lapse by themselves
 - `lease-tokens:<worker>`, `prefill:<worker>`  hashes: per lease, the tokens it may hold in the
@@ -21,6 +22,9 @@ scheduler replicas and edge processes can share one Redis without locks:
                      live replica adopts when that one stops beating (scheduler/adoption.py)
 - `metrics:<worker>` the worker's last load reading, for placement and the admin
 - `stream:<id>`      the generation's events (Redis Stream; the entry id is the SSE id)
+- `watchers:<id>`    how many clients read the generation's stream now
+- `detached`         sorted set of the generations nobody reads, for housekeeping to cancel
+                     after a grace unless a client comes back, scored by when to look at each
 - `wake`, `cancel`   pub/sub channels: new work, and cancels of running generations
 """
 
@@ -104,6 +108,14 @@ def replicas_key() -> str:
 def owned_key(replica_id: str) -> str:
     """The generations `replica_id` has claimed and not yet ended."""
     return key("owned", replica_id)
+
+
+def watchers_key(generation_id: object) -> str:
+    return key("watchers", generation_id)
+
+
+def detached_key() -> str:
+    return key("detached")
 
 
 def wake_channel() -> str:
@@ -268,6 +280,79 @@ return -1
 """
 
 
+# Who reads a generation's stream (KEYS: its watchers, its job, the detached set; ARGV: its id,
+# then the watchers' TTL for ATTACH, now for DETACH). The count and the note of
+# since when nobody watches change in one step: a client coming back as another leaves is
+# never counted out, and housekeeping (ABANDONED) never reads a count and a note that
+# disagree. A note is written only while the job exists: a finished answer has nothing to
+# cancel.
+ATTACH = """
+redis.call('INCR', KEYS[1])
+redis.call('EXPIRE', KEYS[1], ARGV[2])
+redis.call('HDEL', KEYS[2], 'detached_ms')
+redis.call('ZREM', KEYS[3], ARGV[1])
+return 1
+"""
+DETACH = """
+if redis.call('DECR', KEYS[1]) > 0 or redis.call('EXISTS', KEYS[2]) == 0 then
+  return 0
+end
+redis.call('HSET', KEYS[2], 'detached_ms', ARGV[2])
+redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
+return 1
+"""
+# Housekeeping's look at the generations nobody watches (KEYS[1]: the detached set; ARGV: now,
+# the short grace (left before its first token) and the long grace (left after
+# it), in ms, the key prefix, and how many to look at at most). Each is decided
+# in one step with its watchers count, so a client that came back is never cancelled and a
+# claim never races the unqueue:
+# - a client came back, or the job is gone (finished): forgotten;
+# - still within its grace: looked at again when it runs out;
+# - claimed by a replica: its cancel flag set, returned in the second list (the caller tells
+#   the replica at once; the replica's housekeeping sees the flag anyway);
+# - waiting in its queue: taken out, returned in the first list (the caller finishes it as
+#   cancelled);
+# - neither (being finished, or disowned to the sweeper): forgotten.
+# The set's score plus the shorter grace is when to look; the spell's start is the job's own
+# `detached_ms`. Returns the two lists and how many were looked at.
+ABANDONED = """
+local now, short, long = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local shortest = math.min(short, long)
+local queued, running = {}, {}
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - shortest, 'LIMIT', 0, ARGV[5])
+for _, id in ipairs(ids) do
+  local job = ARGV[4] .. 'job:' .. id
+  local f = redis.call(
+    'HMGET', job, 'detached_ms', 'first_token_ms', 'owner', 'pool', 'tier')
+  local since = tonumber(f[1])
+  local watchers = tonumber(redis.call('GET', ARGV[4] .. 'watchers:' .. id) or '0')
+  if not since or watchers > 0 then
+    redis.call('ZREM', KEYS[1], id)
+  else
+    local early = not f[2] or tonumber(f[2]) > since
+    local due = since + (early and short or long)
+    if due > now then
+      redis.call('ZADD', KEYS[1], due - shortest, id)
+    elseif f[3] then
+      redis.call('ZREM', KEYS[1], id)
+      redis.call('HSET', job, 'cancel', '1')
+      running[#running + 1] = id
+    else
+      redis.call('ZREM', KEYS[1], id)
+      if f[4] and f[5] then
+        local tier = f[4] .. ':' .. f[5]
+        if redis.call('ZREM', ARGV[4] .. 'q:' .. tier, id) == 1 then
+          redis.call('ZREM', ARGV[4] .. 'qt:' .. tier, id)
+          queued[#queued + 1] = id
+        end
+      end
+    end
+  end
+end
+return {queued, running, #ids}
+"""
+
+
 @dataclass(frozen=True)
 class Job:
     """What the scheduler needs to run one generation, as stored in `job:<id>`."""
@@ -374,6 +459,11 @@ def fallback_keys(pool: str, tier: str, fallback: str) -> list[str]:
         queued_at_key(fallback, tier),
         fair_key(fallback, tier),
     ]
+
+
+def watch_keys(generation_id: object) -> list[str]:
+    """The keys `ATTACH` and `DETACH` take for `generation_id`."""
+    return [watchers_key(generation_id), job_key(generation_id), detached_key()]
 
 
 def enqueue(redis: Redis, job: Job) -> None:

@@ -5,8 +5,10 @@ several tabs can watch one generation. Each event's `id:` is its stream entry id
 that reconnects with `Last-Event-ID` gets exactly what it missed, then the live tail. Once
 the stream has expired, the stored message is served as one `delta` and `done`.
 
-Disconnects: the last watcher leaving before the first token cancels the generation at once;
-after it, the scheduler cancels the generation if nobody re-attaches within the grace period.
+Disconnects: the last watcher leaving notes since when nobody watches (`queue.DETACH`), and
+the scheduler's housekeeping cancels the generation if nobody re-attaches within the grace:
+`STREAM_FIRST_TOKEN_GRACE_SECONDS` for one left before its first token (queued or not),
+`STREAM_GRACE_SECONDS` after it. A client that reconnects at once keeps its answer.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ from accounts.authentication import request_caller
 from chatsite import sse
 from chatsite.errors import ErrorCode, NotFound, error_response
 from chatsite.stream_events import StreamEvent
-from inference import queue, selectors, services
+from inference import queue, selectors
 from inference.models import Generation
 
 logger = logging.getLogger(__name__)
@@ -117,34 +119,25 @@ def _stored_events(generation_id: UUID) -> bytes:
 
 async def _tail(redis: Any, generation: Generation, last_id: str) -> AsyncGenerator[bytes, None]:
     gid = str(generation.id)
-    watchers = queue.key("watchers", gid)
+    keys = queue.watch_keys(gid)
     tail = sse.Tail(queue.stream_key(gid), last_id)
-    async with redis.pipeline(transaction=False) as pipe:
-        pipe.incr(watchers)
-        pipe.expire(watchers, settings.GENERATION_STREAM_TTL_SECONDS)
-        pipe.hdel(queue.job_key(gid), "detached_ms")
-        await pipe.execute()
+    await redis.eval(
+        queue.ATTACH, len(keys), *keys, gid, str(settings.GENERATION_STREAM_TTL_SECONDS)
+    )
     try:
         async with contextlib.aclosing(tail.events()) as events:
             async for chunk in events:
                 yield chunk
     finally:
-        await asyncio.shield(_detach(redis, generation, watchers, tail.finished))
+        await asyncio.shield(_detach(redis, gid, keys))
 
 
-async def _detach(redis: Any, generation: Generation, watchers: str, finished: bool) -> None:
+async def _detach(redis: Any, generation_id: str, keys: list[str]) -> None:
+    """The client left: if it was the last, housekeeping cancels the generation unless one
+    re-attaches within the grace."""
     try:
-        remaining = await redis.decr(watchers)
-        if finished or remaining > 0:
-            return
-        job = queue.job_key(generation.id)
-        if not await redis.hexists(job, "first_token_ms"):
-            # The client left before the first token: stop now rather than spend a worker.
-            await sync_to_async(services.generation_cancel)(generation=generation)
-        else:
-            # The scheduler cancels it if nobody re-attaches within the grace period.
-            await redis.eval(queue.HSET_IF_EXISTS, 1, job, "detached_ms", queue.now_ms())
+        await redis.eval(queue.DETACH, len(keys), *keys, generation_id, str(queue.now_ms()))
     except Exception:
-        logger.exception("could not record the detach from generation %s", generation.id)
+        logger.exception("could not record the detach from generation %s", generation_id)
     finally:
         await redis.aclose()

@@ -2,9 +2,10 @@
 
 Every replica renews the leases it holds (its heartbeat, which the sweeper and adoption
 read, has a loop of its own: `adoption.py`) and cancels the generations it runs that were
-asked to stop or that nobody watches any more. The pool-wide chores are done by one
-replica at a time (a short Redis lock): reject what waited past the queue limit, tell the
-waiting their place in line, and now and then fail the generations nobody serves.
+asked to stop. The pool-wide chores are done by one replica at a time (a short Redis lock):
+reject what waited past the queue limit, cancel what nobody watched for its grace (queued or
+running), tell the waiting their place in line, and now and then fail the generations
+nobody serves.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from .writer import StreamWriter
 logger = logging.getLogger(__name__)
 
 SWEEP_EVERY_SECONDS = 15
+# How many abandoned generations `queue.ABANDONED` looks at a call.
+ABANDONED_BATCH = 100
 
 
 class Housekeeping:
@@ -51,11 +54,12 @@ class Housekeeping:
 
     async def step(self) -> None:
         await self.capacity.renew()
-        await self.cancel_abandoned()
+        await self.cancel_requested()
         # One replica at a time does the pool-wide chores.
         if not await self.redis.set(queue.key("housekeeping"), self.replica_id, nx=True, px=900):
             return
         await self.reject_overdue()
+        await self.cancel_abandoned()
         await self.send_to_fallback()
         await self.publish_positions()
         loop = asyncio.get_running_loop()
@@ -63,28 +67,51 @@ class Housekeeping:
             self._last_sweep = loop.time()
             await self.sweep()
 
-    async def cancel_abandoned(self) -> None:
-        """Cancel running generations that were asked to stop (a cancel whose pub/sub message
-        was missed) or whose watchers all left and stayed away past the grace period."""
+    async def cancel_requested(self) -> None:
+        """Cancel the running generations of this replica whose job carries the cancel flag:
+        a Stop, or an abandoned answer (`cancel_abandoned`), whose pub/sub message was missed."""
         running = list(self.running.items())
         if not running:
             return
-        cutoff = queue.now_ms() - settings.STREAM_GRACE_SECONDS * 1000
         async with self.redis.pipeline(transaction=False) as pipe:
             for generation_id, _ in running:
-                pipe.hmget(queue.job_key(generation_id), "cancel", "detached_ms")
-            read = await pipe.execute()
-        for (generation_id, task), flags in zip(running, read, strict=True):
-            if flags[0]:
+                pipe.hget(queue.job_key(generation_id), "cancel")
+            flags = await pipe.execute()
+        for (_, task), flag in zip(running, flags, strict=True):
+            if flag:
                 task.cancel()
-                continue
-            detached = flags[1]
-            if detached is None or int(detached) > cutoff:
-                continue
-            watchers = await self.redis.get(queue.key("watchers", generation_id))
-            if int(watchers or 0) <= 0:
+
+    async def cancel_abandoned(self) -> None:
+        """Cancel the generations whose watchers all left and none came back within the grace:
+        `STREAM_FIRST_TOKEN_GRACE_SECONDS` for one left before its first token,
+        `STREAM_GRACE_SECONDS` for one left after it. A queued one is taken out of
+        its queue and finished as cancelled (its reservation released); a running one is
+        stopped by its replica, which closes the worker's request."""
+        short = int(settings.STREAM_FIRST_TOKEN_GRACE_SECONDS * 1000)
+        long = int(settings.STREAM_GRACE_SECONDS * 1000)
+        looked = ABANDONED_BATCH
+        while looked == ABANDONED_BATCH:  # a full batch: more may be due
+            queued, running, looked = await self.redis.eval(
+                queue.ABANDONED,
+                1,
+                queue.detached_key(),
+                str(queue.now_ms()),
+                str(short),
+                str(long),
+                queue.key(""),
+                str(ABANDONED_BATCH),
+            )
+            for generation_id in running:
                 logger.info("generation %s abandoned by its watchers; cancelling", generation_id)
-                task.cancel()
+                await self.redis.publish(queue.cancel_channel(), generation_id)
+            for generation_id in queued:
+                logger.info("queued generation %s abandoned by its watchers", generation_id)
+                await sync_to_async(services.generation_finish)(
+                    generation_id=generation_id,
+                    status=Generation.Status.CANCELLED,
+                    text="",
+                    finish_reason="cancelled",
+                )
 
     async def reject_overdue(self) -> None:
         deadline = queue.now_ms() - settings.SCHEDULER_MAX_QUEUE_SECONDS * 1000

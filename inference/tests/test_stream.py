@@ -200,15 +200,6 @@ async def test_heartbeats_flow_while_the_generation_waits(user: User, live_edge:
     assert seen[-1].comment == "heartbeat"
 
 
-async def test_leaving_before_the_first_token_cancels(user: User, live_edge: LiveEdge) -> None:
-    await sync_to_async(register_pool)()  # nothing will ever produce a token
-    turn = await sync_to_async(_send)(user)
-    headers = await sync_to_async(bearer)(user)
-    await collect(stream_url(live_edge, turn.generation.id), headers, until="meta")
-    await wait_for(lambda: finished(turn.generation.id), within=5)
-    assert (await Generation.objects.aget(pk=turn.generation.id)).status == "cancelled"
-
-
 async def test_leaving_after_the_first_token_cancels_after_the_grace_period(
     user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
 ) -> None:
@@ -289,7 +280,7 @@ async def test_random_drops_and_resumes_reassemble_the_stored_text_exactly(
             events = await sync_to_async(stream_events)(turn.generation.id)
             return any(name == "delta" for name, _ in events)
 
-        # Leaving before the first token would cancel it (tested above): start after it.
+        # Drops before the first token: test_disconnect_grace.py. This one is about the text.
         await wait_for(first_token)
         done = False
         while not done:

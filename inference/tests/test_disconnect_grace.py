@@ -1,0 +1,376 @@
+"""Disconnects before the first token: a client that drops while its answer waits in the queue
+or on a worker gets `STREAM_FIRST_TOKEN_GRACE_SECONDS` to come back before the answer is
+cancelled; Stop cancels at once. Served by a real edge process, with a real scheduler in
+this process and stand-in workers."""
+
+from __future__ import annotations
+
+import asyncio
+import random
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import httpx
+import pytest
+from asgiref.sync import sync_to_async
+from django.contrib.auth.models import User
+
+from accounts.tests.factories import UserFactory
+from billing import quota
+from inference import queue
+from inference.models import Generation, ModelPool, Worker
+
+from .fake_worker import FakeWorker
+from .fixtures import (
+    LiveEdge,
+    finished,
+    register_pool,
+    running_schedulers,
+    send,
+    stream_events,
+    wait_for,
+)
+from .test_stream import Event, bearer, collect, read_events, stream_url
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+async def read_until(
+    url: str, headers: dict[str, str], stop: Callable[[Event], bool]
+) -> tuple[list[Event], float]:
+    """Read a stream until an event for which `stop` holds, then hang up; returns the events
+    and the time just before the hang-up (the edge notes it later)."""
+    events: list[Event] = []
+    async with (
+        httpx.AsyncClient(timeout=30) as client,
+        client.stream("GET", url, headers=headers) as response,
+    ):
+        assert response.status_code == 200
+        lines: list[str] = []
+        async for line in response.aiter_lines():
+            lines.append(line)
+            if line != "":
+                continue
+            for event in read_events(iter(lines)):
+                events.append(event)
+                if stop(event):
+                    return events, time.time()
+            lines = []
+    raise AssertionError(f"the stream ended first: {[e.event for e in events]}")
+
+
+def running(event: Event) -> bool:
+    return event.event == "meta" and (event.data or {}).get("status") == "running"
+
+
+def last_id(events: list[Event]) -> str:
+    return str([e.id for e in events if e.id][-1])
+
+
+async def add_worker(pool: ModelPool, fake: FakeWorker, *, max_concurrency: int = 256) -> None:
+    await Worker.objects.acreate(
+        pool=pool,
+        name=f"fake-{fake.url.rsplit(':', 1)[-1]}",
+        url=fake.url,
+        state=Worker.State.HEALTHY,
+        max_concurrency=max_concurrency,
+    )
+
+
+def aborted(fake: FakeWorker) -> Callable[[], Awaitable[bool]]:
+    async def check() -> bool:
+        return fake.aborted == 1
+
+    return check
+
+
+async def started(generation_id: Any) -> bool:
+    """Whether the generation's stream says it runs on a worker."""
+    events = await sync_to_async(stream_events)(generation_id)
+    return any(name == "meta" and data.get("status") == "running" for name, data in events)
+
+
+def in_use(user: User) -> int:
+    """The user's answers holding a concurrency slot of their plan (queued or streaming)."""
+    return quota.concurrency_in_use(user_id=user.pk, now=quota.now_ms())
+
+
+# Coming back in time
+
+
+async def test_a_queued_answer_whose_client_comes_back_in_time_is_answered(
+    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 1.5
+    pool = await sync_to_async(register_pool)()  # no worker yet: the answer waits in line
+    turn = await send(user)
+    headers = await sync_to_async(bearer)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    async with running_schedulers():
+        first = await collect(url, headers, until="meta")
+        back = asyncio.create_task(collect(url, {**headers, "Last-Event-ID": last_id(first)}))
+        try:
+            # Left alone, it would have been cancelled by now (grace, then housekeeping's
+            # second).
+            await asyncio.sleep(3)
+            assert not await finished(turn.generation.id)
+            await add_worker(pool, fake_workers(tokens=5))
+            rest = await asyncio.wait_for(back, timeout=30)
+        finally:
+            back.cancel()
+            await asyncio.gather(back, return_exceptions=True)
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.COMPLETE
+    assert rest[-1].event == "done"
+    assert generation.message.content == "tok0 tok1 tok2 tok3 tok4 "
+
+
+async def test_an_answer_on_a_worker_whose_client_comes_back_before_its_first_token_completes(
+    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 1.0
+    fake = fake_workers(tokens=5, first_token_delay=3.0)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    headers = await sync_to_async(bearer)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    async with running_schedulers():
+        first, _ = await read_until(url, headers, running)
+        rest = await collect(url, {**headers, "Last-Event-ID": last_id(first)})
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.COMPLETE
+    assert fake.aborted == 0
+    text = "".join(e.data["text"] for e in rest if e.event == "delta" and e.data)
+    assert text == generation.message.content == "tok0 tok1 tok2 tok3 tok4 "
+
+
+# Nobody comes back
+
+
+async def test_a_queued_answer_nobody_comes_back_for_is_cancelled_after_the_grace(
+    user: User, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 1.0
+    pool = await sync_to_async(register_pool)()  # no worker: it would wait in line
+    turn = await send(user)
+    headers = await sync_to_async(bearer)(user)
+    assert await sync_to_async(in_use)(user) == 1
+    async with running_schedulers():
+        _, left_at = await read_until(
+            stream_url(live_edge, turn.generation.id), headers, lambda e: e.event == "meta"
+        )
+        await wait_for(lambda: finished(turn.generation.id), within=15)
+    generation = await Generation.objects.aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.CANCELLED
+    assert generation.finished_at is not None
+    assert generation.finished_at.timestamp() >= left_at + 1.0, "cancelled before the grace"
+    redis = queue.async_redis()
+    assert await redis.zcard(queue.queue_key(pool.name, turn.generation.tier)) == 0
+    assert await redis.zcard(queue.detached_key()) == 0
+    events = [name for name, _ in await sync_to_async(stream_events)(turn.generation.id)]
+    assert events[-1] == "done"
+    # Its place in the plan's concurrency is given back, as a Stop's is.
+    assert await sync_to_async(in_use)(user) == 0
+
+
+async def test_an_answer_on_a_worker_left_before_its_first_token_is_aborted_after_the_grace(
+    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 1.0
+    settings.STREAM_GRACE_SECONDS = 60  # the first token comes meanwhile: still the short one
+    fake = fake_workers(tokens=2000, token_delay=0.01, first_token_delay=1.5)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    headers = await sync_to_async(bearer)(user)
+    async with running_schedulers():
+        _, left_at = await read_until(stream_url(live_edge, turn.generation.id), headers, running)
+        await wait_for(lambda: finished(turn.generation.id), within=15)
+        # The worker's request was closed (vLLM aborts it).
+        await wait_for(aborted(fake), within=10)
+    generation = await Generation.objects.aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.CANCELLED
+    assert generation.finished_at is not None
+    assert generation.finished_at.timestamp() >= left_at + 1.0, "cancelled before the grace"
+    assert await sync_to_async(in_use)(user) == 0
+
+
+# Stop
+
+
+async def test_stop_cancels_at_once_within_the_grace(
+    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 60.0
+    settings.STREAM_GRACE_SECONDS = 60
+    fake = fake_workers(tokens=5, first_token_delay=30.0)
+    pool = await sync_to_async(register_pool)()
+    waiting = await send(user)
+    headers = await sync_to_async(bearer)(user)
+    client = httpx.AsyncClient(base_url=live_edge.url, headers=headers, timeout=30)
+    async with client:
+        # Queued, its client gone a moment ago: Stop takes it out of line there and then.
+        await collect(stream_url(live_edge, waiting.generation.id), headers, until="meta")
+        stopped = await client.post(f"/api/v1/generations/{waiting.generation.id}/cancel")
+        assert stopped.status_code == 200
+        assert stopped.json()["status"] == Generation.Status.CANCELLED
+
+        await add_worker(pool, fake)
+        turn = await send(user)
+        async with running_schedulers():
+            watching = asyncio.create_task(
+                collect(stream_url(live_edge, turn.generation.id), headers)
+            )
+            try:
+                await wait_for(lambda: started(turn.generation.id))
+                stopped = await client.post(f"/api/v1/generations/{turn.generation.id}/cancel")
+                assert stopped.status_code == 200
+                # Long before either grace, and with its client still reading.
+                events = await asyncio.wait_for(watching, timeout=15)
+            finally:
+                watching.cancel()
+                await asyncio.gather(watching, return_exceptions=True)
+    assert events[-1].event == "done"
+    assert events[-1].data is not None and events[-1].data["status"] == "cancelled"
+    assert await sync_to_async(in_use)(user) == 0
+
+
+# The issue's test: many drops, each followed by an immediate reconnect
+
+
+ANSWERS = 20
+TOKENS = 40
+
+
+@dataclass
+class Reader:
+    """One client of one answer that hangs up at random and comes straight back with
+    Last-Event-ID, as EventSource does after a network blip."""
+
+    url: str
+    headers: dict[str, str]
+    rng: random.Random
+    ids: list[str] = field(default_factory=list)
+    text: str = ""
+    # As the client has seen it: queued, then on a worker (`meta` running), then streaming.
+    phase: str = "queued"
+    drops: Counter[str] = field(default_factory=Counter)
+    done: bool = False
+
+    def take(self, event: Event) -> None:
+        if event.event == "comment":
+            return
+        assert event.id is not None
+        self.ids.append(event.id)
+        if running(event) and self.phase == "queued":
+            self.phase = "running"
+        elif event.event == "delta" and event.data:
+            self.phase = "streaming"
+            self.text += event.data["text"]
+        elif event.event == "restart":
+            self.text = ""
+        self.done = event.event == "done"
+
+    async def read(self, client: httpx.AsyncClient) -> None:
+        while not self.done:
+            headers = dict(self.headers)
+            if self.ids:
+                headers["Last-Event-ID"] = self.ids[-1]
+            # Hang up after a few events or heartbeats, or at any moment, mid-event included.
+            keep = self.rng.randint(1, 3) if self.rng.random() < 0.5 else None
+            after = None if keep is not None else self.rng.uniform(0.02, 0.4)
+            phase = self.phase
+            try:
+                async with asyncio.timeout(after):
+                    await self._connection(client, headers, keep)
+            except TimeoutError:
+                pass
+            if not self.done:
+                self.drops[phase] += 1
+
+    async def _connection(
+        self, client: httpx.AsyncClient, headers: dict[str, str], keep: int | None
+    ) -> None:
+        seen = 0
+        async with client.stream("GET", self.url, headers=headers) as response:
+            assert response.status_code == 200
+            lines: list[str] = []
+            async for line in response.aiter_lines():
+                lines.append(line)
+                if line != "":
+                    continue
+                for event in read_events(iter(lines)):
+                    self.take(event)
+                    seen += 1
+                lines = []
+                if self.done or (keep is not None and seen >= keep):
+                    return
+
+
+async def test_random_drops_with_immediate_reconnects_cancel_nothing_and_lose_nothing(
+    fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.SCHEDULER_COALESCE_MS = 0  # one event per token: many places to drop at
+    settings.SCHEDULER_TIER_SHARE = {"free": 1.0}
+    settings.SCHEDULER_MAX_QUEUE_SECONDS = 300  # the test is about drops, not the queue limit
+    settings.SCHEDULER_PRESSURE_QUEUED = 0
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 5.0
+    settings.STREAM_GRACE_SECONDS = 30
+    # Two answers at a time, each a moment on the worker before its first token: the others
+    # wait in line, so clients drop while queued, on the worker, and streaming.
+    fake = fake_workers(tokens=TOKENS, token_delay=0.02, first_token_delay=0.4)
+    pool = await sync_to_async(register_pool)()
+    await add_worker(pool, fake, max_concurrency=2)
+    users: list[User] = [await sync_to_async(UserFactory.create)() for _ in range(ANSWERS)]
+    turns = [await send(each) for each in users]
+    readers = [
+        Reader(
+            url=stream_url(live_edge, turn.generation.id),
+            headers=await sync_to_async(bearer)(each),
+            rng=random.Random(20261204 + index),
+        )
+        for index, (each, turn) in enumerate(zip(users, turns, strict=True))
+    ]
+    async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
+        reading = [asyncio.create_task(reader.read(client)) for reader in readers]
+        try:
+            async with asyncio.timeout(120):
+                await asyncio.gather(*reading)
+        finally:
+            for task in reading:
+                task.cancel()
+            await asyncio.gather(*reading, return_exceptions=True)
+
+    drops = sum((reader.drops for reader in readers), Counter[str]())
+    statuses = Counter(
+        [status async for status in Generation.objects.values_list("status", flat=True)]
+    )
+    lost = repeated = 0
+    out_of_order = wrong_text = 0
+    expected = "".join(f"tok{i} " for i in range(TOKENS))
+    for reader, turn in zip(readers, turns, strict=True):
+        stored = [entry_id for entry_id, _ in await _stream_entries(turn.generation.id)]
+        lost += len(set(stored) - set(reader.ids))
+        repeated += len(reader.ids) - len(set(reader.ids))
+        out_of_order += reader.ids != stored
+        generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+        wrong_text += not reader.text == generation.message.content == expected
+    report = (
+        f"drops {dict(drops)} ({drops.total()}), answers {dict(statuses)}, chunks lost {lost}, "
+        f"repeated {repeated}"
+    )
+    print(report)
+    assert statuses == {Generation.Status.COMPLETE: ANSWERS}, report
+    assert lost == repeated == out_of_order == wrong_text == 0, report
+    assert drops.total() >= 200, report
+    assert drops["queued"] >= 20 and drops["running"] >= 5, report
+
+
+@sync_to_async
+def _stream_entries(generation_id: Any) -> list[tuple[str, dict[str, str]]]:
+    entries: list[tuple[str, dict[str, str]]] = queue.sync_redis().xrange(  # type: ignore[assignment]
+        queue.stream_key(generation_id)
+    )
+    return entries
