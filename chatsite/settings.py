@@ -474,8 +474,8 @@ STREAM_HEARTBEAT_SECONDS = env_int("STREAM_HEARTBEAT_SECONDS", 15)
 STREAM_RETRY_MS = env_int("STREAM_RETRY_MS", 3000)
 STREAM_GRACE_SECONDS = env_int("STREAM_GRACE_SECONDS", 30)
 # The same wait for one whose watchers all left before its first token (queued, or on a
-# worker): long enough for a network blip to re-attach, short enough not to hold a place in
-# line for nobody.
+# worker), or whose page said it is going away (closed or reloaded): long enough for a
+# network blip or a reload to re-attach, short enough not to hold a place in line for nobody.
 STREAM_FIRST_TOKEN_GRACE_SECONDS = env_float("STREAM_FIRST_TOKEN_GRACE_SECONDS", 5.0)
 GENERATION_MAX_ATTEMPTS = env_int("GENERATION_MAX_ATTEMPTS", 2)
 # A scheduler replica that has not beaten its heartbeat for this long is dead: a live one

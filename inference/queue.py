@@ -8,7 +8,8 @@ scheduler replicas and edge processes can share one Redis without locks:
 - `qt:<pool>:<tier>` the same ids scored by enqueue time (ms), for the queue time limit
 - `fair:<pool>:<tier>` hash: the queue's virtual time `V` and each user's last finish tag
 - `job:<id>`         hash: what the scheduler needs to run the generation (prompt, limits);
-                     `detached_ms` since when nobody reads its stream
+                     `detached_ms` since when nobody reads its stream, `leaving` once its page
+                     said it is going away
 - `lease:<worker>`   sorted set of generation ids running on a worker, scored by lease expiry;
                      a replica that dies stops renewing, and its leases lapse by themselves
 - `lease-tokens:<worker>`, `prefill:<worker>`  hashes: per lease, the tokens it may hold in the
@@ -281,7 +282,7 @@ return -1
 
 
 # Who reads a generation's stream (KEYS: its watchers, its job, the detached set; ARGV: its id,
-# then the watchers' TTL for ATTACH, now for DETACH). The count and the note of
+# then the watchers' TTL for ATTACH, now for DETACH and LEAVE). The count and the note of
 # since when nobody watches change in one step: a client coming back as another leaves is
 # never counted out, and housekeeping (ABANDONED) never reads a count and a note that
 # disagree. A note is written only while the job exists: a finished answer has nothing to
@@ -289,7 +290,7 @@ return -1
 ATTACH = """
 redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
-redis.call('HDEL', KEYS[2], 'detached_ms')
+redis.call('HDEL', KEYS[2], 'detached_ms', 'leaving')
 redis.call('ZREM', KEYS[3], ARGV[1])
 return 1
 """
@@ -301,9 +302,29 @@ redis.call('HSET', KEYS[2], 'detached_ms', ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 return 1
 """
+# The page showing the generation is going away (closed, reloaded, navigated off): its
+# unwatched spell gets the short grace whatever its first token, so a closed tab stops its
+# answer soon while a reload, which re-attaches at once, keeps it. With nobody watching, the
+# spell is (re)scheduled from its start (it may have been put off for the long grace).
+LEAVE = """
+if redis.call('EXISTS', KEYS[2]) == 0 then
+  return 0
+end
+redis.call('HSET', KEYS[2], 'leaving', '1')
+if tonumber(redis.call('GET', KEYS[1]) or '0') <= 0 then
+  local since = redis.call('HGET', KEYS[2], 'detached_ms')
+  if not since then
+    since = ARGV[2]
+    redis.call('HSET', KEYS[2], 'detached_ms', since)
+  end
+  redis.call('ZADD', KEYS[3], since, ARGV[1])
+end
+return 1
+"""
+
 # Housekeeping's look at the generations nobody watches (KEYS[1]: the detached set; ARGV: now,
-# the short grace (left before its first token) and the long grace (left after
-# it), in ms, the key prefix, and how many to look at at most). Each is decided
+# the short grace (left before its first token, or its page went away) and the long grace
+# (left after it), in ms, the key prefix, and how many to look at at most). Each is decided
 # in one step with its watchers count, so a client that came back is never cancelled and a
 # claim never races the unqueue:
 # - a client came back, or the job is gone (finished): forgotten;
@@ -323,24 +344,24 @@ local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - shortest, 'LIMIT'
 for _, id in ipairs(ids) do
   local job = ARGV[4] .. 'job:' .. id
   local f = redis.call(
-    'HMGET', job, 'detached_ms', 'first_token_ms', 'owner', 'pool', 'tier')
+    'HMGET', job, 'detached_ms', 'first_token_ms', 'leaving', 'owner', 'pool', 'tier')
   local since = tonumber(f[1])
   local watchers = tonumber(redis.call('GET', ARGV[4] .. 'watchers:' .. id) or '0')
   if not since or watchers > 0 then
     redis.call('ZREM', KEYS[1], id)
   else
-    local early = not f[2] or tonumber(f[2]) > since
+    local early = f[3] or not f[2] or tonumber(f[2]) > since
     local due = since + (early and short or long)
     if due > now then
       redis.call('ZADD', KEYS[1], due - shortest, id)
-    elseif f[3] then
+    elseif f[4] then
       redis.call('ZREM', KEYS[1], id)
       redis.call('HSET', job, 'cancel', '1')
       running[#running + 1] = id
     else
       redis.call('ZREM', KEYS[1], id)
-      if f[4] and f[5] then
-        local tier = f[4] .. ':' .. f[5]
+      if f[5] and f[6] then
+        local tier = f[5] .. ':' .. f[6]
         if redis.call('ZREM', ARGV[4] .. 'q:' .. tier, id) == 1 then
           redis.call('ZREM', ARGV[4] .. 'qt:' .. tier, id)
           queued[#queued + 1] = id
@@ -462,7 +483,7 @@ def fallback_keys(pool: str, tier: str, fallback: str) -> list[str]:
 
 
 def watch_keys(generation_id: object) -> list[str]:
-    """The keys `ATTACH` and `DETACH` take for `generation_id`."""
+    """The keys `ATTACH`, `DETACH` and `LEAVE` take for `generation_id`."""
     return [watchers_key(generation_id), job_key(generation_id), detached_key()]
 
 
@@ -500,6 +521,12 @@ def request_cancel(redis: Redis, generation_id: str) -> None:
     """Ask whichever scheduler runs `generation_id` to stop it now."""
     redis.eval(HSET_IF_EXISTS, 1, job_key(generation_id), "cancel", "1")
     redis.publish(cancel_channel(), generation_id)
+
+
+def leave(redis: Redis, generation_id: str) -> None:
+    """Note that the page showing `generation_id` is going away (`LEAVE`)."""
+    keys = watch_keys(generation_id)
+    redis.eval(LEAVE, len(keys), *keys, generation_id, str(now_ms()))
 
 
 def append_event(redis: Redis, generation_id: str, event: str, data: dict[str, Any]) -> None:

@@ -206,6 +206,18 @@ def generation_cancel(*, generation: Generation) -> Generation:
     return generation
 
 
+def generation_leave(*, generation: Generation) -> Generation:
+    """The page showing `generation` is going away (its tab closed, or reloaded, or left for
+    another page): cancel it unless a client reads its stream again within
+    `STREAM_FIRST_TOKEN_GRACE_SECONDS`, whatever its first token. A reload re-attaches in
+    time and keeps the answer; a closed tab's answer stops soon. Housekeeping cancels it
+    (`cancel_abandoned`). A generation already finished is left as it is.
+    """
+    if not generation.is_final:
+        queue.leave(sync_redis(), str(generation.id))
+    return generation
+
+
 def generations_abandon(*, generations: list[Generation]) -> None:
     """Stop generations whose rows are going (their conversation is being removed): out of
     the queue, or their worker request closed by the scheduler. The caller drops their

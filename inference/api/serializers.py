@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from typing import Any
+
 from rest_framework import serializers
 
 from inference.models import Generation
@@ -35,3 +37,17 @@ class GenerationSerializer(serializers.ModelSerializer[Generation]):
 
     def get_stream_url(self, generation: Generation) -> str:
         return f"/api/v1/generations/{generation.id}/stream"
+
+
+class GenerationCancelSerializer(serializers.Serializer[Any]):
+    """A cancel's one option: whether the page that sends it is going away."""
+
+    leaving = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text=(
+            "Sent by a page that is going away (the web chat's beacon on pagehide): the "
+            "answer is cancelled only if no client reads its stream again within "
+            "STREAM_FIRST_TOKEN_GRACE_SECONDS, so a reload keeps it. Without it, at once."
+        ),
+    )

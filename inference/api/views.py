@@ -12,7 +12,7 @@ from rest_framework.views import APIView
 from chatsite.auth import request_user
 from inference import selectors, services
 
-from .serializers import GenerationSerializer
+from .serializers import GenerationCancelSerializer, GenerationSerializer
 
 
 class GenerationDetailView(APIView):
@@ -25,10 +25,19 @@ class GenerationDetailView(APIView):
 
 
 class GenerationCancelView(APIView):
-    @extend_schema(request=None, responses=GenerationSerializer)
+    """Stop an answer. The web chat's Stop sends JSON with the CSRF header; its beacon on
+    `pagehide` cannot set headers, so it sends a form with `csrfmiddlewaretoken`, which the
+    CSRF check of a session reads from the body."""
+
+    @extend_schema(request=GenerationCancelSerializer, responses=GenerationSerializer)
     def post(self, request: Request, generation_id: UUID) -> Response:
         generation = selectors.generation_for_user(
             user=request_user(request), generation_id=generation_id
         )
-        generation = services.generation_cancel(generation=generation)
+        form = GenerationCancelSerializer(data=request.data)
+        form.is_valid(raise_exception=True)
+        if form.validated_data["leaving"]:
+            generation = services.generation_leave(generation=generation)
+        else:
+            generation = services.generation_cancel(generation=generation)
         return Response(GenerationSerializer(generation).data)

@@ -83,8 +83,8 @@ class Housekeeping:
 
     async def cancel_abandoned(self) -> None:
         """Cancel the generations whose watchers all left and none came back within the grace:
-        `STREAM_FIRST_TOKEN_GRACE_SECONDS` for one left before its first token,
-        `STREAM_GRACE_SECONDS` for one left after it. A queued one is taken out of
+        `STREAM_FIRST_TOKEN_GRACE_SECONDS` for one left before its first token or whose page
+        went away, `STREAM_GRACE_SECONDS` for one left after it. A queued one is taken out of
         its queue and finished as cancelled (its reservation released); a running one is
         stopped by its replica, which closes the worker's request."""
         short = int(settings.STREAM_FIRST_TOKEN_GRACE_SECONDS * 1000)

@@ -1,7 +1,7 @@
 """Disconnects before the first token: a client that drops while its answer waits in the queue
 or on a worker gets `STREAM_FIRST_TOKEN_GRACE_SECONDS` to come back before the answer is
-cancelled; Stop cancels at once. Served by a real edge process, with a real scheduler in
-this process and stand-in workers."""
+cancelled; Stop cancels at once; a page going away says so with a beacon. Served by a real
+edge process, with a real scheduler in this process and stand-in workers."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ import httpx
 import pytest
 from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
+from django.test import Client
 
 from accounts.tests.factories import UserFactory
 from billing import quota
@@ -30,6 +31,7 @@ from .fixtures import (
     register_pool,
     running_schedulers,
     send,
+    send_turn,
     stream_events,
     wait_for,
 )
@@ -80,6 +82,10 @@ async def add_worker(pool: ModelPool, fake: FakeWorker, *, max_concurrency: int 
     )
 
 
+def cancel_url(stream: str) -> str:
+    return stream.removesuffix("/stream") + "/cancel"
+
+
 def aborted(fake: FakeWorker) -> Callable[[], Awaitable[bool]]:
     async def check() -> bool:
         return fake.aborted == 1
@@ -91,6 +97,12 @@ async def started(generation_id: Any) -> bool:
     """Whether the generation's stream says it runs on a worker."""
     events = await sync_to_async(stream_events)(generation_id)
     return any(name == "meta" and data.get("status") == "running" for name, data in events)
+
+
+async def streaming(generation_id: Any) -> bool:
+    """Whether the generation's stream carries text."""
+    events = await sync_to_async(stream_events)(generation_id)
+    return any(name == "delta" for name, _ in events)
 
 
 def in_use(user: User) -> int:
@@ -197,7 +209,7 @@ async def test_an_answer_on_a_worker_left_before_its_first_token_is_aborted_afte
     assert await sync_to_async(in_use)(user) == 0
 
 
-# Stop
+# Stop, and a page that goes away
 
 
 async def test_stop_cancels_at_once_within_the_grace(
@@ -235,6 +247,90 @@ async def test_stop_cancels_at_once_within_the_grace(
     assert events[-1].event == "done"
     assert events[-1].data is not None and events[-1].data["status"] == "cancelled"
     assert await sync_to_async(in_use)(user) == 0
+
+
+async def test_a_page_going_away_cancels_after_the_short_grace_even_after_the_first_token(
+    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 1.0
+    settings.STREAM_GRACE_SECONDS = 60
+    fake = fake_workers(tokens=2000, token_delay=0.01)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    headers = await sync_to_async(bearer)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
+        # As a closing page does: the beacon (an API key needs no CSRF token) while it still
+        # reads the stream, then the stream closes with it.
+        watching = asyncio.create_task(collect(url, headers))
+        try:
+            await wait_for(lambda: streaming(turn.generation.id))
+            left = await client.post(cancel_url(url), headers=headers, data={"leaving": "1"})
+            assert left.status_code == 200
+        finally:
+            watching.cancel()
+            await asyncio.gather(watching, return_exceptions=True)
+        # Long before the grace of an answer left after its first token (60 s).
+        await wait_for(lambda: finished(turn.generation.id), within=15)
+        await wait_for(aborted(fake), within=10)
+    generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
+    assert generation.status == Generation.Status.CANCELLED
+    assert generation.message.content.startswith("tok0 ")
+
+
+async def test_a_reloaded_page_keeps_its_answer(
+    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 2.0
+    fake = fake_workers(tokens=150, token_delay=0.02)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    headers = await sync_to_async(bearer)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
+        first = await collect(url, headers, until="delta")
+        left = await client.post(cancel_url(url), headers=headers, data={"leaving": "1"})
+        assert left.status_code == 200
+        # The reloaded page opens the stream again where it was.
+        rest = await collect(url, {**headers, "Last-Event-ID": last_id(first)})
+    assert rest[-1].data is not None and rest[-1].data["status"] == "complete"
+    text = "".join(e.data["text"] for e in first + rest if e.event == "delta" and e.data)
+    assert text == "".join(f"tok{i} " for i in range(150))
+
+
+def test_the_beacon_is_a_form_post_with_the_csrf_token_in_its_body(user: User) -> None:
+    register_pool()  # no worker: the answer waits
+    turn = send_turn(user)
+    browser = Client(enforce_csrf_checks=True)
+    browser.force_login(user)
+    assert browser.get("/").status_code == 200
+    token = browser.cookies["csrftoken"].value
+    url = f"/api/v1/generations/{turn.generation.id}/cancel"
+
+    def beacon(body: str) -> Any:
+        """What `navigator.sendBeacon(url, new URLSearchParams(...))` sends: a same-origin
+        form POST with the session cookie and no custom header."""
+        return browser.post(
+            url,
+            body,
+            content_type="application/x-www-form-urlencoded;charset=UTF-8",
+            headers={"Origin": "http://testserver"},
+        )
+
+    job = queue.job_key(turn.generation.id)
+    redis = queue.sync_redis()
+
+    refused = beacon("leaving=1")
+    assert refused.status_code == 403
+    assert "CSRF" in refused.json()["error"]["message"], refused.json()
+    assert not redis.hexists(job, "leaving")
+
+    accepted = beacon(f"csrfmiddlewaretoken={token}&leaving=1")
+    assert accepted.status_code == 200, accepted.content
+    assert accepted.json()["status"] == Generation.Status.QUEUED
+    assert redis.hget(job, "leaving") == "1"
+    # Nobody watches it: its unwatched spell starts now, for housekeeping's short grace.
+    assert redis.zscore(queue.detached_key(), str(turn.generation.id)) is not None
 
 
 # The issue's test: many drops, each followed by an immediate reconnect

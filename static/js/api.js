@@ -86,6 +86,18 @@ export const switchBranch = (conversationId, messageId) =>
 
 export const getGeneration = (generationId) => request("GET", `generations/${id(generationId)}`);
 export const cancelGeneration = (generationId) => request("POST", `generations/${id(generationId)}/cancel`);
+
+/**
+ * Tell the server the page is going away while an answer is still written, so that it stops
+ * the answer unless the page comes back at once (a reload does). A beacon, the one request a
+ * closing page may still send, sets no headers: the CSRF token goes in the form body, where
+ * Django's check reads `csrfmiddlewaretoken`.
+ */
+export function leaveGeneration(generationId) {
+  const body = new URLSearchParams({ csrfmiddlewaretoken: csrfToken(), leaving: "1" });
+  return navigator.sendBeacon(`${BASE}generations/${id(generationId)}/cancel`, body);
+}
+
 export const generationStreamUrl = (generationId) => `${BASE}generations/${id(generationId)}/stream`;
 
 export const getConversationTools = (conversationId) => request("GET", `conversations/${id(conversationId)}/tools`);

@@ -564,6 +564,13 @@ document.addEventListener("keydown", (event) => {
   }
 });
 window.addEventListener("popstate", () => route({ push: false }));
+// Closing the tab stops the answers still being written, wherever they are shown; a reload
+// re-attaches to them in time to keep them (the server waits a moment for that).
+window.addEventListener("pagehide", () => {
+  for (const stream of state.streams.values()) {
+    if (!stream.done) api.leaveGeneration(stream.generationId);
+  }
+});
 
 sidebar.reload();
 route({ push: false });
