@@ -298,6 +298,31 @@ async def test_a_reloaded_page_keeps_its_answer(
     assert text == "".join(f"tok{i} " for i in range(150))
 
 
+async def test_a_page_going_away_leaves_the_answer_to_another_tab_still_reading(
+    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 1.0
+    fake = fake_workers(tokens=150, token_delay=0.02)
+    await sync_to_async(register_pool)(fake)
+    turn = await send(user)
+    headers = await sync_to_async(bearer)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
+        staying = asyncio.create_task(collect(url, headers))
+        try:
+            await collect(url, headers, until="delta")
+            left = await client.post(cancel_url(url), headers=headers, data={"leaving": "1"})
+            assert left.status_code == 200
+            # Well past the short grace, the other tab still holds the answer.
+            full = await asyncio.wait_for(staying, timeout=30)
+        finally:
+            staying.cancel()
+            await asyncio.gather(staying, return_exceptions=True)
+    assert full[-1].data is not None and full[-1].data["status"] == "complete"
+    text = "".join(e.data["text"] for e in full if e.event == "delta" and e.data)
+    assert text == "".join(f"tok{i} " for i in range(150))
+
+
 def test_the_beacon_is_a_form_post_with_the_csrf_token_in_its_body(user: User) -> None:
     register_pool()  # no worker: the answer waits
     turn = send_turn(user)
