@@ -19,6 +19,7 @@ from chatsite import jsonbody
 from conversations.openai_api.errors import OpenAIError
 from conversations.openai_api.parsing import parse_chat_completion
 from conversations.tests.factories import ConversationFactory
+from inference.models import ModelPool
 
 DEEP = b"[" * 10_000 + b"]" * 10_000
 DEEP_OBJECT = b'{"a":' * 10_000 + b"1" + b"}" * 10_000
@@ -35,6 +36,10 @@ DEEP_OBJECT = b'{"a":' * 10_000 + b"1" + b"}" * 10_000
         (b'{"text": "\xff\xfe"}', "not UTF-8"),
         (b'{"a": 1', "not valid JSON"),
         (b"9" * 5000, "not valid JSON"),  # past Python's digit limit for int()
+        (b'{"content": "half \\ud83d of a pair"}', "lone surrogate"),
+        (b'{"tools": {"\\udfff": true}}', "lone surrogate"),
+        (b'[[["\\uDBFF"]]]', "lone surrogate"),
+        (b'{"content": "a\\u0000b"}', "NUL character"),
     ],
 )
 def test_what_json_does_not_allow_is_refused_with_a_reason(raw: bytes, why: str) -> None:
@@ -47,6 +52,8 @@ def test_json_is_read_as_json() -> None:
         "a": [1, 2.5, "é", None, True]
     }
     assert jsonbody.loads("1e300") == 1e300
+    # A pair of surrogate escapes is one character; an escaped backslash is no escape.
+    assert jsonbody.loads(b'["\\ud83d\\ude00", "\\\\u0000"]') == ["\U0001f600", "\\u0000"]
 
 
 @settings(max_examples=300, deadline=None)
@@ -96,6 +103,22 @@ def test_the_v1_parser_takes_a_request_or_refuses_it_in_openais_shape(body: dict
         assert 400 <= exc.status < 500 and exc.message
     else:
         assert wanted.model == str(body["model"]).strip()
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.text(st.characters(categories=["Cs", "Cc", "Lu", "Ll", "Nd", "Zs"]), max_size=12))
+def test_any_text_in_a_v1_message_is_taken_as_utf_8_text_or_refused(text: str) -> None:
+    """Surrogates included: what is taken can be stored and echoed; the rest is a 400."""
+    body = {"model": "smollm2-135m", "messages": [{"role": "user", "content": text}]}
+    try:
+        wanted = parse_chat_completion(json.dumps(body).encode())
+    except OpenAIError as exc:
+        assert exc.status == 400 and exc.message.encode("utf-8")
+    else:
+        ((_, content, _),) = wanted.messages
+        # As JSON reads it: two surrogates that make a pair are one character.
+        assert content == json.loads(json.dumps(text)) and "\x00" not in content
+        content.encode("utf-8")
 
 
 @settings(max_examples=200, deadline=None)
@@ -150,6 +173,23 @@ def test_v1_answers_malformed_json_with_400_in_openais_shape(raw_key: str, raw: 
 
 
 @pytest.mark.django_db
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"model": "a\\ud800", "messages": [{"role": "user", "content": "hi"}]}',
+        b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "h\\ud800i"}]}',
+        b'{"model": "smollm2-135m", "messages": [{"role": "user", "content": "h\\u0000i"}]}',
+    ],
+)
+def test_v1_answers_text_postgres_cannot_hold_with_400_not_500(raw_key: str, raw: bytes) -> None:
+    """A lone surrogate or a NUL, echoed in an error or written to Postgres, was a 500."""
+    ModelPool.objects.get_or_create(name="smollm2-135m", defaults={"served_model": "fake"})
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
+    response = client.post("/v1/chat/completions", raw, content_type="application/json")
+    _openai_error(response, 400, "invalid_json")
+
+
+@pytest.mark.django_db
 def test_a_body_past_the_limit_is_413_before_it_is_read(raw_key: str, settings: Any) -> None:
     settings.API_MAX_BODY_BYTES = 1024 * 1024
     big = json.dumps(
@@ -186,6 +226,21 @@ def test_the_api_answers_malformed_json_with_400_in_its_shape(
     conversation = ConversationFactory.create(owner=user).pk
     response = api_client.post(
         f"/api/v1/conversations/{conversation}/messages", raw, content_type="application/json"
+    )
+    _service_error(response, 400, "malformed_request")
+
+
+@pytest.mark.django_db
+def test_a_tool_switch_named_with_a_lone_surrogate_is_400_not_500(
+    api_client: APIClient, user: Any
+) -> None:
+    """A 500 before: the unknown name was echoed in the error, which could not be written as
+    UTF-8 (the schema fuzz, chatsite/tests/test_schema_fuzz.py, generates no lone surrogate)."""
+    conversation = ConversationFactory.create(owner=user).pk
+    response = api_client.patch(
+        f"/api/v1/conversations/{conversation}/tools",
+        b'{"tools": {"calc\\ud800": true}}',
+        content_type="application/json",
     )
     _service_error(response, 400, "malformed_request")
 
