@@ -310,6 +310,9 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # Each PATCH here validates the whole body it documents (none is a partial update): its
+    # request keeps the serializer's required fields, not a `Patched*` copy without them.
+    "COMPONENT_SPLIT_PATCH": False,
     "ENUM_NAME_OVERRIDES": {
         "MessageStatusEnum": "conversations.models.Message.Status",
         "GenerationStatusEnum": "inference.models.Generation.Status",

@@ -45,6 +45,8 @@ IDEMPOTENCY_KEY = OpenApiParameter(
     str,
     OpenApiParameter.HEADER,
     description="Retrying with the same key within a day answers the same turn, charged once.",
+    # As billing.services takes it: 1 to 255 printable ASCII characters.
+    pattern="^[ -~]{1,255}$",
 )
 
 
