@@ -720,14 +720,20 @@ def log_lines(process: Process, since: int) -> tuple[int, list[str]]:
     return since + len(data), data.decode(errors="replace").splitlines()
 
 
-def notable(lines: Sequence[str], limit: int = 6) -> list[str]:
-    """The distinct warning, error and traceback lines among `lines` (first `limit`)."""
-    seen: dict[str, None] = {}
+def notable(lines: Sequence[str], limit: int = 8) -> list[str]:
+    """The distinct error and warning lines among `lines`: errors (and the exception that
+    ends each traceback) first, then warnings, at most `limit`."""
+    errors: dict[str, str] = {}
+    warnings: dict[str, str] = {}
     for line in lines:
-        if re.search(r"ERROR|CRITICAL|Traceback|WARNING|Exception|Error:", line):
-            text = re.sub(r"\b[0-9a-f-]{36}\b", "<uuid>", line.strip())[:220]
-            seen.setdefault(text, None)
-    return list(seen)[:limit]
+        text = re.sub(r"\b[0-9a-f-]{36}\b", "<uuid>", line.strip())[:220]
+        # The same line at another time is the same kind: the first one stands for it.
+        kind = re.sub(r"^\d{4}-\d\d-\d\d [\d:,.]+ ", "", text)
+        if re.search(r"\b(ERROR|CRITICAL)\b|^\w+(\.\w+)*(Error|Exception|Interrupted):", text):
+            errors.setdefault(kind, text)
+        elif re.search(r"\bWARNING\b", text):
+            warnings.setdefault(kind, text)
+    return [*errors.values(), *warnings.values()][:limit]
 
 
 def iter_processes(stack: Stack) -> Iterator[Process]:
