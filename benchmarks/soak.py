@@ -19,12 +19,13 @@ Reported:
   resident memory sampled every `--sample` s; its value at the end of the warm-up
   (`--warmup` s, default a fifth of the run), at the end, the most, the growth over the
   warm-up value (the target: at most 5%) and the least-squares slope after the warm-up
-  (MiB per hour);
+  (MiB per hour); with Redis' keys and memory and the tasks waiting in Celery's queue;
 - Redis keys: once every answer is final and the service has been idle for `--settle` s
   (the detach grace, housekeeping, Celery drained), every key, grouped by pattern, with how
   many have no TTL, and a verdict: `fleet` (state of a live worker, pool or replica, bounded
   by the fleet), `expires` (a TTL takes it: the answers' streams after
-  GENERATION_STREAM_TTL_SECONDS, idempotency records, affinity, task results), or `LEAK`
+  GENERATION_STREAM_TTL_SECONDS, idempotency records, affinity, task results), `backlog`
+  (tasks still waiting in Celery's queue, listed by task), or `LEAK`
   (a key of an answer, user or replica that should be gone, without a TTL, or a queue,
   lease or ownership entry left after every answer ended). Then the same after the service's
   processes were stopped (SIGTERM), before Redis is.
@@ -40,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import platform
@@ -95,6 +97,8 @@ QUESTIONS = (
     "Summarise the plot of a heist film in two sentences.",
 )
 MIB = 1024 * 1024
+# kombu's Redis transport: tasks wait in a list named after their queue.
+CELERY_QUEUE = "celery"
 GROWTH_TARGET = 5.0
 
 
@@ -106,6 +110,7 @@ class Sample:
     rss: dict[str, int]
     redis_keys: int = 0
     redis_memory: int = 0
+    celery_waiting: int = 0  # tasks in Celery's queue, not yet taken by a worker
 
 
 @dataclass
@@ -118,6 +123,7 @@ class Soak:
     stopped_keys: dict[str, KeyGroup] = field(default_factory=dict)
     stopped_members: dict[str, int] = field(default_factory=dict)
     unfinished_after_wait: int = 0
+    celery_left: dict[str, int] = field(default_factory=dict)  # waiting tasks by name, at the end
     seconds: float = 0.0
     logged: dict[str, list[str]] = field(default_factory=dict)
     died: list[str] = field(default_factory=list)
@@ -226,6 +232,7 @@ def reading(stack: Stack, started: float) -> Sample:
         with stack.redis.client() as redis:
             sample.redis_keys = int(redis.dbsize())
             sample.redis_memory = int(redis.info("memory")["used_memory"])
+            sample.celery_waiting = int(redis.llen(CELERY_QUEUE))
     except Exception:  # noqa: S110 (a reading without Redis' figures)
         pass
     return sample
@@ -298,9 +305,22 @@ def wait_quiet(args: argparse.Namespace, stack: Stack) -> int:
         assert stack.redis is not None
         until = time.monotonic() + 120
         with stack.redis.client() as redis:
-            while time.monotonic() < until and (redis.llen("celery") or redis.hlen("unacked")):
+            while time.monotonic() < until and (redis.llen(CELERY_QUEUE) or redis.hlen("unacked")):
                 time.sleep(1.0)
     return left
+
+
+def celery_waiting_tasks(stack: Stack) -> dict[str, int]:
+    """The tasks waiting in Celery's queue, by task name (kombu's message headers)."""
+    assert stack.redis is not None
+    names: collections.Counter[str] = collections.Counter()
+    with stack.redis.client() as redis:
+        for message in redis.lrange(CELERY_QUEUE, 0, -1):
+            try:
+                names[json.loads(message)["headers"]["task"]] += 1
+            except (ValueError, KeyError, TypeError):
+                names["(unreadable)"] += 1
+    return dict(names.most_common())
 
 
 def census(stack: Stack) -> tuple[dict[str, KeyGroup], dict[str, int]]:
@@ -322,6 +342,7 @@ FAMILIES: list[tuple[str, str, str]] = [
     (r"^cs:stream:<uuid>$", "expires", "an answer's events, kept GENERATION_STREAM_TTL_SECONDS"),
     (r"^cs:aff:<uuid>$", "expires", "a conversation's worker (SCHEDULER_AFFINITY_TTL_SECONDS)"),
     (r"^cs:events:<n>$", "expires", "a user's event stream (sidebar, titles)"),
+    (r"^cs:title-pending:<uuid>$", "expires", "a conversation's title task, queued or running"),
     (r"^cs:(metrics|placed):<n>$", "fleet", "per worker: last load, rate of placements"),
     (r"^\{cs:prefix\}:<n>", "fleet", "per worker: the estimated prefix cache"),
     (r"^cs:rr:", "fleet", "per pool: the round-robin counter"),
@@ -340,7 +361,8 @@ FAMILIES: list[tuple[str, str, str]] = [
     (r"^cs:bill:open$", "must-go", "reservations not yet settled"),
     (r"^cs:bill:\{u<n>\}:idem:", "expires", "an Idempotency-Key's result (a day)"),
     (r"^cs:bill:", "expires", "a user's buckets and message-cap window"),
-    (r"^(_kombu\.|celery$|unacked)", "fleet", "Celery's broker (kombu)"),
+    (r"^celery$", "queue", "Celery's queue: tasks waiting"),
+    (r"^(_kombu\.|unacked)", "fleet", "Celery's broker (kombu)"),
     (r"^celery-task-meta-", "expires", "Celery task results (a day)"),
     (r"^chatsite:<n>:moderation:rules-version$", "fleet", "Django's cache: rules version"),
     (r"^chatsite:", "expires", "Django's cache"),
@@ -363,6 +385,8 @@ def verdict(group: KeyGroup, held: int, *, stopped: bool) -> tuple[str, str]:
         if stopped and group.pattern == "cs:replicas" and held:
             return "LEAK", what + f"; {held} member(s) after every replica stopped"
         return "fleet", what
+    if family == "queue":
+        return ("backlog" if held else "fleet"), what + (f": {held}" if held else "")
     if family == "must-go":
         return "LEAK", what + (f"; {held} member(s) left" if held else "")
     if group.without_ttl:
@@ -508,6 +532,16 @@ def report(args: argparse.Namespace, stack: Stack, soak: Soak) -> str:
         if last and first_after
         else "Redis: no readings"
     )
+    celery_line = ""
+    if stack.config.celery:
+        most = max((s.celery_waiting for s in soak.samples), default=0)
+        at_end = soak.samples[-1].celery_waiting if soak.samples else 0
+        left = sum(soak.celery_left.values())
+        by_name = ", ".join(f"{name} {n}" for name, n in soak.celery_left.items())
+        celery_line = (
+            f"Celery queue: at most {most} task(s) waiting, {at_end} when the traffic ended, "
+            f"{left} after the wait{f' ({by_name})' if by_name else ''}"
+        )
     idle_leaks = leaks(soak.idle_keys, soak.idle_members, stopped=False)
     stopped_leaks = leaks(soak.stopped_keys, soak.stopped_members, stopped=True)
     parts = [
@@ -524,6 +558,7 @@ def report(args: argparse.Namespace, stack: Stack, soak: Soak) -> str:
         "resident memory per process group (growth: end over the end of the warm-up):",
         memory_table(memory),
         redis_line,
+        *([celery_line] if celery_line else []),
         "",
         f"Redis keys once every answer was final ({soak.unfinished_after_wait} unfinished after "
         f"the wait) and {args.settle:.0f} s idle:",
@@ -577,6 +612,7 @@ def as_json(args: argparse.Namespace, soak: Soak) -> dict[str, Any]:
         "samples": [vars(sample) for sample in soak.samples],
         "keys_idle": groups(soak.idle_keys, soak.idle_members, False),
         "keys_stopped": groups(soak.stopped_keys, soak.stopped_members, True),
+        "celery_left": soak.celery_left,
         "answers": [
             {**a.as_dict(), "verdict": vars(v)}
             for a, v in zip(soak.answers, soak.verdicts, strict=True)
@@ -620,6 +656,7 @@ def run_soak(args: argparse.Namespace, stack: Stack, tag: str) -> Soak:
     soak.unfinished_after_wait = wait_quiet(args, stack)
     soak.verdicts = check_answers(soak.answers)
     soak.idle_keys, soak.idle_members = census(stack)
+    soak.celery_left = celery_waiting_tasks(stack)
     for process in stack.processes.values():
         if not process.alive():
             soak.died.append(f"{process.name}: {process.tail(15)}")

@@ -50,7 +50,7 @@ class Answer:
     restarts: int = 0
     drops: int = 0  # connections that ended before the answer did
     post_tries: int = 0
-    edges: list[int] = field(default_factory=list)
+    edges: list[int] = field(default_factory=list)  # the edge of each request, in order
     first_token_at: float | None = None
     ended_at: float | None = None
     http_errors: list[str] = field(default_factory=list)
@@ -199,6 +199,7 @@ async def _follow(edges: Edges, client: int, key: str, answer: Answer, *, until:
     attempt = 0
     while loop.time() < until:
         edge = edges.of(client)
+        answer.edges.append(edge)
         headers = _auth(key, **({"Last-Event-ID": last_id} if last_id else {}))
         try:
             async with asyncio.timeout_at(until):
