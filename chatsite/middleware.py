@@ -19,6 +19,7 @@ session; the session and the messages are created lazily and read nothing until 
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
@@ -27,11 +28,19 @@ from django.conf import settings
 from django.contrib.auth import middleware as auth
 from django.contrib.messages import middleware as messages
 from django.contrib.sessions import middleware as sessions
+from django.db import InterfaceError, OperationalError
 from django.http import HttpRequest, HttpResponseBase, JsonResponse
 from django.middleware import clickjacking, common, csrf, security
 from django.utils.decorators import sync_and_async_middleware
+from django.utils.deprecation import MiddlewareMixin
 
 from chatsite.errors import error_body
+from chatsite.redis import REDIS_FAULTS
+
+logger = logging.getLogger(__name__)
+
+# What a 503 of a store outage tells the client to wait before it tries again.
+STORE_OUTAGE_RETRY_SECONDS = 2
 
 
 class Inline:
@@ -126,9 +135,6 @@ def body_limit_middleware(get_response: Any) -> Any:
 
 
 def _too_large(request: HttpRequest) -> JsonResponse | None:
-    path = request.path_info
-    if not (path.startswith("/v1/") or path.startswith("/api/")):
-        return None
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
@@ -136,16 +142,58 @@ def _too_large(request: HttpRequest) -> JsonResponse | None:
     limit = settings.API_MAX_BODY_BYTES
     if length <= limit:
         return None
-    message = f"The request body is {length} bytes; at most {limit} are accepted."
+    return api_error(
+        request,
+        413,
+        "request_too_large",
+        f"The request body is {length} bytes; at most {limit} are accepted.",
+        openai_type="invalid_request_error",
+    )
+
+
+def api_error(
+    request: HttpRequest,
+    status: int,
+    code: str,
+    message: str,
+    *,
+    openai_type: str,
+    headers: dict[str, str] | None = None,
+) -> JsonResponse | None:
+    """An error in the shape of the API the request is for (OpenAI's under `/v1/`, the
+    service's under `/api/`); None for the pages, which Django answers as it does."""
+    path = request.path_info
     if path.startswith("/v1/"):
         body: dict[str, Any] = {
-            "error": {
-                "message": message,
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "request_too_large",
-            }
+            "error": {"message": message, "type": openai_type, "param": None, "code": code}
         }
+    elif path.startswith("/api/"):
+        body = error_body(code, message)
     else:
-        body = error_body("request_too_large", message)
-    return JsonResponse(body, status=413)
+        return None
+    return JsonResponse(body, status=status, headers=headers)
+
+
+class StoreOutageMiddleware(Inline, MiddlewareMixin):
+    """A request that found Redis or Postgres away (a failover, a restart) answers 503 with
+    `Retry-After`, in its API's error shape, instead of a 500: the client may send it again
+    (with its Idempotency-Key) or resume its stream in a moment."""
+
+    def process_exception(self, request: HttpRequest, exception: Exception) -> Any:
+        if isinstance(exception, REDIS_FAULTS):
+            store = "the queue store (Redis)"
+        elif isinstance(exception, (OperationalError, InterfaceError)):
+            store = "the database"
+        else:
+            return None
+        logger.warning(
+            "%s %s: %s does not answer: %r", request.method, request.path, store, exception
+        )
+        return api_error(
+            request,
+            503,
+            "service_unavailable",
+            f"The service cannot reach {store} just now; please try again in a few seconds.",
+            openai_type="server_error",
+            headers={"Retry-After": str(STORE_OUTAGE_RETRY_SECONDS)},
+        )

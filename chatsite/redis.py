@@ -15,6 +15,12 @@ from typing import Any
 from django.conf import settings
 from redis import BlockingConnectionPool, Redis
 from redis.asyncio import Redis as AsyncRedis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+# What a Redis that paused or went away raises (OSError: a socket's own failure): an outage
+# to ride out or to answer 503 for, not a bug.
+REDIS_FAULTS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 # Connections the shared pool opens at most; a thread that finds them all busy waits for one
 # (up to POOL_TIMEOUT_SECONDS) instead of failing.

@@ -120,6 +120,7 @@ MIDDLEWARE = [
     "chatsite.middleware.SecurityMiddleware",
     "chatsite.middleware.CSPMiddleware",
     "chatsite.middleware.body_limit_middleware",
+    "chatsite.middleware.StoreOutageMiddleware",
     "whitenoise.middleware.WhiteNoiseMiddleware",
     "chatsite.middleware.SessionMiddleware",
     "chatsite.middleware.CommonMiddleware",
@@ -194,9 +195,14 @@ CACHES = {
         "OPTIONS": {
             "CLIENT_CLASS": "django_redis.client.DefaultClient",
             "SERIALIZER": "chatsite.cache.JSONSerializer",
+            # The cache holds only what can be read again (moderation's thresholds, rule
+            # versions, rate-limit counters): while Redis is away it misses, logged, rather
+            # than failing the answer or request that asked (a failover, a restart).
+            "IGNORE_EXCEPTIONS": True,
         },
     }
 }
+DJANGO_REDIS_LOG_IGNORED_EXCEPTIONS = True
 
 CHANNEL_LAYERS = {"default": {"BACKEND": "channels.layers.InMemoryChannelLayer"}}
 
@@ -522,6 +528,10 @@ BILLING_ABUSE_RATES = {
     "message_post": os.environ.get("RATE_LIMIT_MESSAGE_POST", "60/m"),
 }
 RATELIMIT_USE_CACHE = "default"
+# While Redis is away (a failover, seconds) the abuse counters cannot count: requests go on
+# to the steps that need Redis themselves (quotas, the queue), which answer 503, rather than
+# everyone being told they tried too often.
+RATELIMIT_FAIL_OPEN = True
 # Behind a proxy, the META key holding the client address (e.g. HTTP_X_REAL_IP).
 RATELIMIT_IP_META_KEY = os.environ.get("RATELIMIT_IP_META_KEY") or None
 CELERY_BEAT_SCHEDULE["billing-reconcile-usage"] = {

@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
+from chatsite.redis import REDIS_FAULTS
 from chatsite.stream_events import DeltaData, MetaData, RestartData, StreamEvent
 
 from .. import hooks, queue, services
@@ -36,7 +37,7 @@ from ..models import Generation
 from .capacity import Admitted, Capacity, Placement, WorkerView
 from .guard import ContentBlocked, GuardWindow, OutputGuard
 from .tools import ToolLoop, sent_calls
-from .writer import REDIS_FAULTS, Coalescer, StreamWriter
+from .writer import Coalescer, StreamWriter
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +104,9 @@ class Runs:
         self._background: set[asyncio.Task[Any]] = set()
         # Generations another replica adopted from this one: their runs end without a word.
         self._given_up: set[str] = set()
+        # Runs that ended unfinished, still to be disowned (Redis was away when they ended):
+        # while the job names this live replica, neither the sweeper nor adoption takes it.
+        self._unowned: set[str] = set()
 
     def new(self, job: queue.Job, placement: Placement, admitted: Admitted) -> Run:
         worker = placement.view
@@ -115,6 +119,18 @@ class Runs:
             moderation=self.guard.window(),
             admitted=admitted,
         )
+
+    async def disown_left(self) -> None:
+        """Hand the runs that ended unfinished to the sweeper (again, after a Redis outage)."""
+        for gid in list(self._unowned):
+            try:
+                async with self.redis.pipeline(transaction=False) as pipe:
+                    pipe.hdel(queue.job_key(gid), "owner")
+                    pipe.srem(queue.owned_key(self.replica_id), gid)
+                    await pipe.execute()
+            except REDIS_FAULTS:
+                return  # the adoption loop tries again in a second
+            self._unowned.discard(gid)
 
     def give_up(self, generation_id: str) -> None:
         """Another replica adopted this generation (this one stood still past the replica
@@ -193,9 +209,9 @@ class Runs:
                 if not run.finished:
                     # Disown it, so the sweeper fails it with the text its stream carried.
                     logger.error("generation %s left unfinished; handing it to the sweeper", gid)
-                    with contextlib.suppress(Exception):
-                        await self.redis.hdel(queue.job_key(gid), "owner")
+                    self._unowned.add(gid)
                 await self.capacity.release(gid)
+                await self.disown_left()
                 with contextlib.suppress(Exception):
                     await self.redis.srem(queue.owned_key(self.replica_id), gid)
 

@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from chatsite.redis import async_redis
+from chatsite.redis import REDIS_FAULTS, async_redis
 
 from .. import queue, services
 from ..client import OpenAICompatibleClient, WorkerLoad, get_client
@@ -42,7 +42,7 @@ from .kv_events import KVEventsApplier, KVEventsSubscriber
 from .placement import configured_policy
 from .run import Run, Runs
 from .tools import ToolLoop, configured_runner
-from .writer import REDIS_FAULTS, StreamWriter
+from .writer import StreamWriter
 
 logger = logging.getLogger(__name__)
 
@@ -177,6 +177,7 @@ class Scheduler:
         """Adopt what replicas that stopped beating held; give up what another replica
         adopted from this one (it stood still past the TTL, and the adopter answers now)."""
         await self.liveness.adopt(list(self.capacity.workers))
+        await self.runs.disown_left()
         running = list(self.running.items())
         if not running:
             return

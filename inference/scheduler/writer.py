@@ -21,17 +21,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from chatsite.redis import REDIS_FAULTS
 from chatsite.stream_events import RetractData, StreamEvent, entry_fields
 
 from .. import queue
 
 logger = logging.getLogger(__name__)
-
-# What a Redis that paused or went away raises (OSError: a socket's own failure).
-REDIS_FAULTS = (RedisConnectionError, RedisTimeoutError, OSError)
 
 # Between tries while Redis does not answer.
 RETRY_SECONDS = 0.25

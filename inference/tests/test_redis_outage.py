@@ -92,6 +92,10 @@ def own_redis(tmp_path: Path, settings: Any) -> Iterator[RedisServer]:
     server = RedisServer(tmp_path)
     server.start()
     settings.REDIS_URL = server.url
+    # Django's cache too (moderation's thresholds, the rate limits): one Redis, as deployed.
+    settings.CACHES = {
+        "default": {**settings.CACHES["default"], "LOCATION": server.url},
+    }
     chatsite_redis._pooled.cache_clear()
     yield server
     chatsite_redis._pooled.cache_clear()
@@ -158,7 +162,8 @@ async def test_a_restarted_redis_fails_no_answer(
     async with running_schedulers():
         await _wait_mid_answer(own_redis, ids)
         own_redis.kill()
-        await asyncio.sleep(3)
+        # Longer than what is left of the answers: they end while Redis is away.
+        await asyncio.sleep(6)
         own_redis.start()
         await wait_for(lambda: _all_finished(ids), within=60)
     await _assert_whole(own_redis, ids)
