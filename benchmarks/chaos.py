@@ -7,7 +7,8 @@ server (append-only file) on free ports in a temporary folder, the migrations, t
 workers: two real vLLM CPU workers by default (`--workers vllm`, `manage.py run_worker`, one
 core each), the suite's stand-in (`--workers fake`, `inference/tests/fake_worker.py`, each a
 process of its own) or workers already running (`--worker-urls`; the worker phase is then
-skipped, since they are not ours to kill).
+skipped, since they are not ours to kill). `--celery` adds a Celery worker with its beat (the
+stale-generation sweeper, usage reconciliation).
 
 Then, phase by phase (`--phases`), a steady set of clients (`benchmarks/traffic.py`):
 `--clients` users of the conversation API (send with an Idempotency-Key, stream the answer's
@@ -152,6 +153,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--fake-tokens", type=int, default=40)
     parser.add_argument("--fake-token-delay", type=float, default=0.1)
+    parser.add_argument(
+        "--celery", action="store_true", help="also a Celery worker with beat (the sweeper)"
+    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the stores' files and logs")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
@@ -451,6 +455,8 @@ def _restart_named(stack: Stack, name: str) -> None:
         stack.restart_edge(int(index))
     elif kind == "worker":
         stack.restart_worker(int(index))
+    elif kind == "celery":
+        stack.processes[name].start()
 
 
 # The report
@@ -529,10 +535,12 @@ def report(args: argparse.Namespace, stack: Stack, results: Sequence[PhaseResult
         if stack.config.workers == "urls"
         else f"{stack.config.worker_count} {stack.config.workers} worker(s)"
     )
+    celery = ", a Celery worker with beat" if stack.config.celery else ""
     header = [
         f"chaos benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
         f"{os.cpu_count()} CPUs, load {os.getloadavg()[0]:.1f}",
-        f"{stack.config.edges} edges, {stack.config.schedulers} scheduler replicas, {workers}; "
+        f"{stack.config.edges} edges, {stack.config.schedulers} scheduler replicas, {workers}"
+        f"{celery}; "
         f"own Postgres and Redis (appendonly yes, appendfsync {stack.config.redis_fsync})",
         f"{args.clients} conversation API + {args.v1_clients} streamed /v1 clients, think "
         f"<= {args.think} s, {args.max_tokens} tokens per answer; fault {args.lead} s after the "
@@ -607,6 +615,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         workers="urls" if args.urls else args.workers,
         worker_count=len(args.urls) or args.worker_count,
         worker_urls=args.urls,
+        celery=args.celery,
+        beat=args.celery,
         fake_tokens=args.fake_tokens,
         fake_token_delay=args.fake_token_delay,
         env={
