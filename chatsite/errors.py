@@ -23,6 +23,7 @@ class ErrorCode(enum.StrEnum):
     NOT_FOUND = "not_found"
     METHOD_NOT_ALLOWED = "method_not_allowed"
     INVALID_LAST_EVENT_ID = "invalid_last_event_id"
+    INVALID_PAGE_ID = "invalid_page_id"
 
 
 def error_body(code: enum.Enum | str, message: str, detail: Any = None) -> dict[str, Any]:

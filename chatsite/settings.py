@@ -486,6 +486,10 @@ STREAM_GRACE_SECONDS = env_int("STREAM_GRACE_SECONDS", 30)
 # worker), or whose page said it is going away (closed or reloaded): long enough for a
 # network blip or a reload to re-attach, short enough not to hold a place in line for nobody.
 STREAM_FIRST_TOKEN_GRACE_SECONDS = env_float("STREAM_FIRST_TOKEN_GRACE_SECONDS", 5.0)
+# A browser reloading a page asks for the new one before the old one's beacon: a beacon this
+# soon after a page of the web chat was served to its user comes from a reload, and leaves
+# the answer the short grace instead of stopping it at once.
+STREAM_RELOAD_SECONDS = env_float("STREAM_RELOAD_SECONDS", 10.0)
 GENERATION_MAX_ATTEMPTS = env_int("GENERATION_MAX_ATTEMPTS", 2)
 # A scheduler replica that has not beaten its heartbeat for this long is dead: a live one
 # adopts its answers and restarts them on a worker (inference/scheduler/adoption.py).

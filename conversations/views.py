@@ -21,6 +21,7 @@ from chatsite.auth import request_user
 from chatsite.errors import NotFound
 from conversations import selectors
 from conversations.models import Conversation
+from inference.services import generation_pages_shown
 from moderation.selectors import warnings_unseen
 
 
@@ -43,6 +44,7 @@ def _chat_page(request: HttpRequest, conversation: Conversation | None) -> HttpR
         "chat_config": config,
         "moderation_warnings": warnings_unseen(user=user),
     }
+    generation_pages_shown(user=user)  # a beacon right after this is from a reload
     return render(request, "conversations/chat.html", context)
 
 

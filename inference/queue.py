@@ -24,6 +24,10 @@ scheduler replicas and edge processes can share one Redis without locks:
 - `metrics:<worker>` the worker's last load reading, for placement and the admin
 - `stream:<id>`      the generation's events (Redis Stream; the entry id is the SSE id)
 - `watchers:<id>`    how many clients read the generation's stream now
+- `pages:<id>`       hash: of those, how many each page of the web chat holds (by the page's
+                     own id), so that a page going away knows whether anyone else reads
+- `shown:<user>`     a page of the web chat was served to the user a moment ago: a beacon
+                     that follows it comes from the page being reloaded
 - `detached`         sorted set of the generations nobody reads, for housekeeping to cancel
                      after a grace unless a client comes back, scored by when to look at each
 - `wake`, `cancel`   pub/sub channels: new work, and cancels of running generations
@@ -117,6 +121,18 @@ def watchers_key(generation_id: object) -> str:
 
 def detached_key() -> str:
     return key("detached")
+
+
+# A page of the web chat names itself with a random id of its own (`static/js/api.js`).
+PAGE_ID_PATTERN = r"^[A-Za-z0-9_-]{1,64}$"
+
+
+def pages_key(generation_id: object) -> str:
+    return key("pages", generation_id)
+
+
+def shown_key(user_id: object) -> str:
+    return key("shown", user_id)
 
 
 def wake_channel() -> str:
@@ -281,20 +297,28 @@ return -1
 """
 
 
-# Who reads a generation's stream (KEYS: its watchers, its job, the detached set; ARGV: its id,
-# then the watchers' TTL for ATTACH, now for DETACH and LEAVE). The count and the note of
-# since when nobody watches change in one step: a client coming back as another leaves is
-# never counted out, and housekeeping (ABANDONED) never reads a count and a note that
-# disagree. A note is written only while the job exists: a finished answer has nothing to
-# cancel.
+# Who reads a generation's stream (KEYS: its watchers, its job, the detached set, its pages;
+# ARGV: its id, the watchers' TTL for ATTACH or now for DETACH and LEAVE, the reading page's
+# id or ''). The count and the note of since when nobody watches change in one step: a client
+# coming back as another leaves is never counted out, and housekeeping (ABANDONED) never reads
+# a count and a note that disagree. A page of the web chat is also counted under its own id,
+# so that when it goes away LEAVE can tell its own streams from everyone else's. A note is
+# written only while the job exists: a finished answer has nothing to cancel.
 ATTACH = """
 redis.call('INCR', KEYS[1])
 redis.call('EXPIRE', KEYS[1], ARGV[2])
+if ARGV[3] ~= '' then
+  redis.call('HINCRBY', KEYS[4], ARGV[3], 1)
+  redis.call('EXPIRE', KEYS[4], ARGV[2])
+end
 redis.call('HDEL', KEYS[2], 'detached_ms', 'leaving')
 redis.call('ZREM', KEYS[3], ARGV[1])
 return 1
 """
 DETACH = """
+if ARGV[3] ~= '' and redis.call('HINCRBY', KEYS[4], ARGV[3], -1) <= 0 then
+  redis.call('HDEL', KEYS[4], ARGV[3])
+end
 if redis.call('DECR', KEYS[1]) > 0 or redis.call('EXISTS', KEYS[2]) == 0 then
   return 0
 end
@@ -302,13 +326,22 @@ redis.call('HSET', KEYS[2], 'detached_ms', ARGV[2])
 redis.call('ZADD', KEYS[3], ARGV[2], ARGV[1])
 return 1
 """
-# The page showing the generation is going away (closed, reloaded, navigated off): its
-# unwatched spell gets the short grace whatever its first token, so a closed tab stops its
-# answer soon while a reload, which re-attaches at once, keeps it. With nobody watching, the
-# spell is (re)scheduled from its start (it may have been put off for the long grace).
+# The page showing the generation is going away (ARGV[4]: '1' when its tab is closing, ''
+# when it is being reloaded). A closing page whose answer nobody else reads (its own streams,
+# open or not yet closed, are not counted) returns LEAVE_CANCEL: the caller stops the answer
+# at once, as Stop does. Otherwise the unwatched spell gets the short grace whatever its first
+# token, so a reload, which re-attaches at once, keeps the answer, and an answer another tab
+# still reads is left to that tab. With nobody watching, the spell is (re)scheduled from its
+# start (it may have been put off for the long grace).
 LEAVE = """
 if redis.call('EXISTS', KEYS[2]) == 0 then
   return 0
+end
+if ARGV[4] == '1' then
+  local own = ARGV[3] ~= '' and tonumber(redis.call('HGET', KEYS[4], ARGV[3]) or '0') or 0
+  if tonumber(redis.call('GET', KEYS[1]) or '0') - own <= 0 then
+    return 2
+  end
 end
 redis.call('HSET', KEYS[2], 'leaving', '1')
 if tonumber(redis.call('GET', KEYS[1]) or '0') <= 0 then
@@ -321,6 +354,7 @@ if tonumber(redis.call('GET', KEYS[1]) or '0') <= 0 then
 end
 return 1
 """
+LEAVE_CANCEL = 2
 
 # Housekeeping's look at the generations nobody watches (KEYS[1]: the detached set; ARGV: now,
 # the short grace (left before its first token, or its page went away) and the long grace
@@ -484,7 +518,12 @@ def fallback_keys(pool: str, tier: str, fallback: str) -> list[str]:
 
 def watch_keys(generation_id: object) -> list[str]:
     """The keys `ATTACH`, `DETACH` and `LEAVE` take for `generation_id`."""
-    return [watchers_key(generation_id), job_key(generation_id), detached_key()]
+    return [
+        watchers_key(generation_id),
+        job_key(generation_id),
+        detached_key(),
+        pages_key(generation_id),
+    ]
 
 
 def enqueue(redis: Redis, job: Job) -> None:
@@ -523,10 +562,14 @@ def request_cancel(redis: Redis, generation_id: str) -> None:
     redis.publish(cancel_channel(), generation_id)
 
 
-def leave(redis: Redis, generation_id: str) -> None:
-    """Note that the page showing `generation_id` is going away (`LEAVE`)."""
+def leave(redis: Redis, generation_id: str, *, page: str, closing: bool) -> bool:
+    """Note that the page `page` showing `generation_id` is going away (`LEAVE`); True when
+    it was closing and nobody else reads the answer, which the caller then stops at once."""
     keys = watch_keys(generation_id)
-    redis.eval(LEAVE, len(keys), *keys, generation_id, str(now_ms()))
+    left = redis.eval(
+        LEAVE, len(keys), *keys, generation_id, str(now_ms()), page, "1" if closing else ""
+    )
+    return int(cast(int, left)) == LEAVE_CANCEL
 
 
 def append_event(redis: Redis, generation_id: str, event: str, data: dict[str, Any]) -> None:

@@ -206,16 +206,31 @@ def generation_cancel(*, generation: Generation) -> Generation:
     return generation
 
 
-def generation_leave(*, generation: Generation) -> Generation:
-    """The page showing `generation` is going away (its tab closed, or reloaded, or left for
-    another page): cancel it unless a client reads its stream again within
-    `STREAM_FIRST_TOKEN_GRACE_SECONDS`, whatever its first token. A reload re-attaches in
-    time and keeps the answer; a closed tab's answer stops soon. Housekeeping cancels it
-    (`cancel_abandoned`). A generation already finished is left as it is.
+def generation_leave(*, generation: Generation, page: str = "") -> Generation:
+    """The web chat's page `page` showing `generation` is going away.
+
+    A closing tab stops the answer at once, as Stop does, unless another client still reads
+    it (another tab: the answer is then theirs). A browser reloading a page asks the server
+    for the new page before the old one goes (`generation_pages_shown` notes that): such a
+    beacon gives the answer `STREAM_FIRST_TOKEN_GRACE_SECONDS` for the reloaded page to read
+    it again, as it does at once, before housekeeping cancels it (`cancel_abandoned`). A
+    generation already finished is left as it is.
     """
-    if not generation.is_final:
-        queue.leave(sync_redis(), str(generation.id))
+    if generation.is_final:
+        return generation
+    redis = sync_redis()
+    reloading = bool(redis.exists(queue.shown_key(generation.user_id)))
+    if queue.leave(redis, str(generation.id), page=page, closing=not reloading):
+        return generation_cancel(generation=generation)
     return generation
+
+
+def generation_pages_shown(*, user: User) -> None:
+    """A page of the web chat was just served to `user`: a beacon from one of their pages
+    within `STREAM_RELOAD_SECONDS` comes from a page being reloaded (`generation_leave`)."""
+    sync_redis().set(
+        queue.shown_key(user.pk), "1", px=max(1, int(settings.STREAM_RELOAD_SECONDS * 1000))
+    )
 
 
 def generations_abandon(*, generations: list[Generation]) -> None:

@@ -14,14 +14,18 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 from django.conf import settings
+from django.contrib.auth.models import User
 from playwright.sync_api import expect
 
+from chatsite.redis import sync_redis
 from conversations.models import Conversation, Message
 from conversations.removal import conversation_remove
 from conversations.services import conversation_create
+from inference import queue
 from inference.models import Generation
 from inference.tests.fixtures import LiveEdge, RealWorker
 
@@ -91,6 +95,16 @@ def assert_inert(page: Any) -> None:
     )
     assert handlers == []
     assert page.locator('[href^="javascript:" i]').count() == 0
+
+
+def wait_page_note_lapses(user: User) -> None:
+    """Wait until a beacon from the user's page could no longer be taken for its reload
+    (`STREAM_RELOAD_SECONDS` after the page was served)."""
+    redis = sync_redis()
+    deadline = time.monotonic() + settings.STREAM_RELOAD_SECONDS + 30
+    while redis.exists(queue.shown_key(user.pk)):
+        assert time.monotonic() < deadline, "the page's note never lapsed"
+        time.sleep(0.2)
 
 
 def shot(page: Any, folder: Path, name: str) -> None:
@@ -235,6 +249,35 @@ def test_stop_and_esc_cancel_the_answer(
     assert errors == []
 
 
+def test_closing_the_tab_stops_its_answer_at_once(
+    open_chat: Callable[..., Any],
+    chat_edge: LiveEdge,
+    real_workers: list[RealWorker],
+    scheduler: Callable[..., Any],
+) -> None:
+    register_real_workers(real_workers, max_output_tokens=2000)
+    # Graces far longer than the test: only the page's beacon may stop the answer.
+    scheduler(STREAM_FIRST_TOKEN_GRACE_SECONDS="300", STREAM_GRACE_SECONDS="300")
+    user = browser_user()
+    page, errors = open_chat(chat_edge.url, user)
+    send(page, "Write a very long story about a clockmaker, with many chapters.")
+    answer = answers(page).last
+    watch(answer, until=lambda status, text: status == "streaming" and len(text) > 20)
+    message_id = answer.get_attribute("data-message-id")
+    wait_page_note_lapses(user)  # so its beacon cannot pass for a reload's
+    assert errors == []
+
+    page.close()
+    deadline = time.monotonic() + 60
+    generation = Generation.objects.get(message_id=message_id)
+    while not generation.is_final:
+        assert time.monotonic() < deadline, f"still {generation.status} a minute after"
+        time.sleep(0.2)
+        generation.refresh_from_db()
+    assert generation.status == Generation.Status.CANCELLED
+    assert generation.finish_reason == "cancelled"
+
+
 def test_edit_forks_and_the_switcher_flips_branches_and_survives_reload(
     open_chat: Callable[..., Any],
     chat_edge: LiveEdge,
@@ -318,22 +361,25 @@ def test_reload_and_a_network_drop_mid_answer_lose_and_repeat_nothing(
     real_workers: list[RealWorker],
     scheduler: Callable[..., Any],
 ) -> None:
-    register_real_workers(real_workers, max_output_tokens=200)
+    register_real_workers(real_workers, max_output_tokens=400)
     scheduler()
-    page, _ = open_chat(cuttable_proxy.url, browser_user())
+    user = browser_user()
+    page, _ = open_chat(cuttable_proxy.url, user)
     streams: list[str] = []
     # The answer's own stream (the page also keeps a stream of the user's events open).
     page.on(
         "request",
         lambda r: (
             streams.append(r.url)
-            if "/generations/" in r.url and r.url.endswith("/stream")
+            if "/generations/" in r.url and urlsplit(r.url).path.endswith("/stream")
             else None
         ),
     )
     send(page, "Write a long story about a lighthouse keeper and a storm.")
     answer = answers(page).last
     seen = watch(answer, until=lambda status, text: status == "streaming" and len(text) > 30)
+    # The reload alone must tell the server that the old page's beacon is not a closed tab's.
+    wait_page_note_lapses(user)
 
     page.reload()
     answer = answers(page).last

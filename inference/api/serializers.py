@@ -4,6 +4,7 @@ from typing import Any
 
 from rest_framework import serializers
 
+from inference import queue
 from inference.models import Generation
 
 
@@ -40,14 +41,24 @@ class GenerationSerializer(serializers.ModelSerializer[Generation]):
 
 
 class GenerationCancelSerializer(serializers.Serializer[Any]):
-    """A cancel's one option: whether the page that sends it is going away."""
+    """A cancel's options: whether the page that sends it is going away, and which page."""
 
     leaving = serializers.BooleanField(
         required=False,
         default=False,
         help_text=(
-            "Sent by a page that is going away (the web chat's beacon on pagehide): the "
-            "answer is cancelled only if no client reads its stream again within "
-            "STREAM_FIRST_TOKEN_GRACE_SECONDS, so a reload keeps it. Without it, at once."
+            "Sent by a page that is going away (the web chat's beacon on pagehide): a closing "
+            "page's answer stops at once unless another client reads it; a reloading page's "
+            "is cancelled only if no client reads its stream again within "
+            "STREAM_FIRST_TOKEN_GRACE_SECONDS. Without it, at once."
+        ),
+    )
+    page = serializers.RegexField(
+        queue.PAGE_ID_PATTERN,
+        required=False,
+        default="",
+        help_text=(
+            "The going page's own id, as it gave it when reading the stream (`?page=`): its "
+            "own streams are not counted as someone else still reading."
         ),
     )

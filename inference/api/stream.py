@@ -8,7 +8,9 @@ the stream has expired, the stored message is served as one `delta` and `done`.
 Disconnects: the last watcher leaving notes since when nobody watches (`queue.DETACH`), and
 the scheduler's housekeeping cancels the generation if nobody re-attaches within the grace:
 `STREAM_FIRST_TOKEN_GRACE_SECONDS` for one left before its first token (queued or not),
-`STREAM_GRACE_SECONDS` after it. A client that reconnects at once keeps its answer.
+`STREAM_GRACE_SECONDS` after it. A client that reconnects at once keeps its answer. A page of
+the web chat reads with `?page=<its own id>`, so that when it goes away (`queue.LEAVE`) its own
+streams are told from other clients'.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any
 from uuid import UUID
@@ -59,12 +62,16 @@ async def generation_stream(
             400, ErrorCode.INVALID_LAST_EVENT_ID, "Last-Event-ID is not an event id."
         )
 
+    page = request.GET.get("page", "")
+    if page and not re.fullmatch(queue.PAGE_ID_PATTERN, page):
+        return error_response(400, ErrorCode.INVALID_PAGE_ID, "page is not a page id.")
+
     redis = sse.stream_redis()
     if not await redis.exists(queue.stream_key(generation.id)):
         await redis.aclose()
         body = await sync_to_async(_stored_events)(generation.id)
         return sse.sse_response(_once(body))
-    return sse.sse_response(_tail(redis, generation, last_id))
+    return sse.sse_response(_tail(redis, generation, last_id, page))
 
 
 async def _once(body: bytes) -> AsyncIterator[bytes]:
@@ -117,26 +124,28 @@ def _stored_events(generation_id: UUID) -> bytes:
     return out
 
 
-async def _tail(redis: Any, generation: Generation, last_id: str) -> AsyncGenerator[bytes, None]:
+async def _tail(
+    redis: Any, generation: Generation, last_id: str, page: str
+) -> AsyncGenerator[bytes, None]:
     gid = str(generation.id)
     keys = queue.watch_keys(gid)
     tail = sse.Tail(queue.stream_key(gid), last_id)
     await redis.eval(
-        queue.ATTACH, len(keys), *keys, gid, str(settings.GENERATION_STREAM_TTL_SECONDS)
+        queue.ATTACH, len(keys), *keys, gid, str(settings.GENERATION_STREAM_TTL_SECONDS), page
     )
     try:
         async with contextlib.aclosing(tail.events()) as events:
             async for chunk in events:
                 yield chunk
     finally:
-        await asyncio.shield(_detach(redis, gid, keys))
+        await asyncio.shield(_detach(redis, gid, keys, page))
 
 
-async def _detach(redis: Any, generation_id: str, keys: list[str]) -> None:
+async def _detach(redis: Any, generation_id: str, keys: list[str], page: str) -> None:
     """The client left: if it was the last, housekeeping cancels the generation unless one
     re-attaches within the grace."""
     try:
-        await redis.eval(queue.DETACH, len(keys), *keys, generation_id, str(queue.now_ms()))
+        await redis.eval(queue.DETACH, len(keys), *keys, generation_id, str(queue.now_ms()), page)
     except Exception:
         logger.exception("could not record the detach from generation %s", generation_id)
     finally:

@@ -37,7 +37,9 @@ class GenerationCancelView(APIView):
         form = GenerationCancelSerializer(data=request.data)
         form.is_valid(raise_exception=True)
         if form.validated_data["leaving"]:
-            generation = services.generation_leave(generation=generation)
+            generation = services.generation_leave(
+                generation=generation, page=form.validated_data["page"]
+            )
         else:
             generation = services.generation_cancel(generation=generation)
         return Response(GenerationSerializer(generation).data)

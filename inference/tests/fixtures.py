@@ -344,6 +344,10 @@ def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
         "DATABASE_URL": test_database_url(application_name),
         "REDIS_URL": settings.REDIS_URL,
         "STREAM_HEARTBEAT_SECONDS": "1",
+        # A page's note that a beacon may be its reload's lapses sooner than the site's 10 s,
+        # so that tests of a closed tab wait less for it; a real reload's beacon comes well
+        # within it.
+        "STREAM_RELOAD_SECONDS": "5",
         "DEBUG": "0",
         **env_overrides,
     }

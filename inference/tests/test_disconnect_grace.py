@@ -1,6 +1,7 @@
 """Disconnects before the first token: a client that drops while its answer waits in the queue
 or on a worker gets `STREAM_FIRST_TOKEN_GRACE_SECONDS` to come back before the answer is
-cancelled; Stop cancels at once; a page going away says so with a beacon. Served by a real
+cancelled; Stop cancels at once; a page going away says so with a beacon, which stops a closed
+tab's answer at once and leaves a reloaded page's its grace. Served by a real
 edge process, with a real scheduler in this process and stand-in workers."""
 
 from __future__ import annotations
@@ -249,10 +250,11 @@ async def test_stop_cancels_at_once_within_the_grace(
     assert await sync_to_async(in_use)(user) == 0
 
 
-async def test_a_page_going_away_cancels_after_the_short_grace_even_after_the_first_token(
+async def test_a_closing_page_stops_its_answer_at_once(
     user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
 ) -> None:
-    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 1.0
+    # Graces far longer than the test: only the beacon itself may stop the answer.
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 60
     settings.STREAM_GRACE_SECONDS = 60
     fake = fake_workers(tokens=2000, token_delay=0.01)
     await sync_to_async(register_pool)(fake)
@@ -260,22 +262,42 @@ async def test_a_page_going_away_cancels_after_the_short_grace_even_after_the_fi
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
     async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
-        # As a closing page does: the beacon (an API key needs no CSRF token) while it still
-        # reads the stream, then the stream closes with it.
-        watching = asyncio.create_task(collect(url, headers))
+        # As a closing tab does: the beacon while the page still reads the stream, then the
+        # stream closes with the page.
+        watching = asyncio.create_task(collect(f"{url}?page=closing", headers))
         try:
             await wait_for(lambda: streaming(turn.generation.id))
-            left = await client.post(cancel_url(url), headers=headers, data={"leaving": "1"})
+            left = await client.post(
+                cancel_url(url), headers=headers, data={"leaving": "1", "page": "closing"}
+            )
             assert left.status_code == 200
+            await wait_for(lambda: finished(turn.generation.id), within=15)
         finally:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
-        # Long before the grace of an answer left after its first token (60 s).
-        await wait_for(lambda: finished(turn.generation.id), within=15)
         await wait_for(aborted(fake), within=10)
     generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
     assert generation.status == Generation.Status.CANCELLED
     assert generation.message.content.startswith("tok0 ")
+
+
+async def test_a_closing_page_takes_its_queued_answer_out_of_line_at_once(
+    user: User, live_edge: LiveEdge, settings: Any
+) -> None:
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 60
+    await sync_to_async(register_pool)()  # no worker: the answer waits in line
+    turn = await send(user)
+    headers = await sync_to_async(bearer)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    # The page's stream closed first (a tab going away closes its connections in any order).
+    await collect(f"{url}?page=closing", headers, until="meta")
+    async with httpx.AsyncClient(timeout=30) as client:
+        left = await client.post(
+            cancel_url(url), headers=headers, data={"leaving": "1", "page": "closing"}
+        )
+    assert left.status_code == 200
+    assert left.json()["status"] == "cancelled"
+    assert await sync_to_async(in_use)(user) == 0
 
 
 async def test_a_reloaded_page_keeps_its_answer(
@@ -288,11 +310,17 @@ async def test_a_reloaded_page_keeps_its_answer(
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
     async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
-        first = await collect(url, headers, until="delta")
-        left = await client.post(cancel_url(url), headers=headers, data={"leaving": "1"})
+        first = await collect(f"{url}?page=old", headers, until="delta")
+        # A reload: the browser asks for the new page, then the old one sends its beacon.
+        cookies = await sync_to_async(session_cookies)(user)
+        async with httpx.AsyncClient(timeout=30, cookies=cookies) as browser:
+            assert (await browser.get(f"{live_edge.url}/")).status_code == 200
+        left = await client.post(
+            cancel_url(url), headers=headers, data={"leaving": "1", "page": "old"}
+        )
         assert left.status_code == 200
         # The reloaded page opens the stream again where it was.
-        rest = await collect(url, {**headers, "Last-Event-ID": last_id(first)})
+        rest = await collect(f"{url}?page=new", {**headers, "Last-Event-ID": last_id(first)})
     assert rest[-1].data is not None and rest[-1].data["status"] == "complete"
     text = "".join(e.data["text"] for e in first + rest if e.event == "delta" and e.data)
     assert text == "".join(f"tok{i} " for i in range(150))
@@ -308,10 +336,12 @@ async def test_a_page_going_away_leaves_the_answer_to_another_tab_still_reading(
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
     async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
-        staying = asyncio.create_task(collect(url, headers))
+        staying = asyncio.create_task(collect(f"{url}?page=staying", headers))
         try:
-            await collect(url, headers, until="delta")
-            left = await client.post(cancel_url(url), headers=headers, data={"leaving": "1"})
+            await collect(f"{url}?page=closing", headers, until="delta")
+            left = await client.post(
+                cancel_url(url), headers=headers, data={"leaving": "1", "page": "closing"}
+            )
             assert left.status_code == 200
             # Well past the short grace, the other tab still holds the answer.
             full = await asyncio.wait_for(staying, timeout=30)
@@ -321,6 +351,31 @@ async def test_a_page_going_away_leaves_the_answer_to_another_tab_still_reading(
     assert full[-1].data is not None and full[-1].data["status"] == "complete"
     text = "".join(e.data["text"] for e in full if e.event == "delta" and e.data)
     assert text == "".join(f"tok{i} " for i in range(150))
+
+
+async def test_a_stream_with_a_malformed_page_id_is_refused(
+    user: User, live_edge: LiveEdge
+) -> None:
+    await sync_to_async(register_pool)()
+    turn = await send(user)
+    headers = await sync_to_async(bearer)(user)
+    url = stream_url(live_edge, turn.generation.id)
+    async with httpx.AsyncClient(timeout=30) as client:
+        refused = await client.get(f"{url}?page=no%20spaces", headers=headers)
+        beacon = await client.post(
+            cancel_url(url), headers=headers, data={"leaving": "1", "page": "a/b"}
+        )
+    assert refused.status_code == 400
+    assert refused.json()["error"]["code"] == "invalid_page_id"
+    assert beacon.status_code == 400
+    assert (await Generation.objects.aget(pk=turn.generation.id)).status == "queued"
+
+
+def session_cookies(user: User) -> dict[str, str]:
+    """A logged-in browser's cookies for `user` (the session is in the shared database)."""
+    browser = Client()
+    browser.force_login(user)
+    return {name: morsel.value for name, morsel in browser.cookies.items()}
 
 
 def test_the_beacon_is_a_form_post_with_the_csrf_token_in_its_body(user: User) -> None:

@@ -3,6 +3,13 @@
 
 const BASE = "/api/v1/";
 
+// This page's own id: it reads answers' streams under it and names it when it goes away, so
+// the server can tell its streams from another tab's. Random per page load, so a reload is
+// another page.
+const PAGE_ID = Array.from(crypto.getRandomValues(new Uint8Array(16)), (b) =>
+  b.toString(16).padStart(2, "0"),
+).join("");
+
 /** An error the API answered (`{"error": {code, message, detail}}`) or a network failure. */
 export class ApiError extends Error {
   constructor(status, code, message, detail = null, retryAfter = null) {
@@ -88,17 +95,23 @@ export const getGeneration = (generationId) => request("GET", `generations/${id(
 export const cancelGeneration = (generationId) => request("POST", `generations/${id(generationId)}/cancel`);
 
 /**
- * Tell the server the page is going away while an answer is still written, so that it stops
- * the answer unless the page comes back at once (a reload does). A beacon, the one request a
- * closing page may still send, sets no headers: the CSRF token goes in the form body, where
- * Django's check reads `csrfmiddlewaretoken`.
+ * Tell the server the page is going away while an answer is still written: a closed tab's
+ * answer stops at once unless another tab reads it; a reloaded page's waits a moment for the
+ * new page to read it again (the server knows a reload by the new page it just served). A
+ * beacon, the one request a closing page may still send, sets no headers: the CSRF token goes
+ * in the form body, where Django's check reads `csrfmiddlewaretoken`.
  */
 export function leaveGeneration(generationId) {
-  const body = new URLSearchParams({ csrfmiddlewaretoken: csrfToken(), leaving: "1" });
+  const body = new URLSearchParams({ csrfmiddlewaretoken: csrfToken(), leaving: "1", page: PAGE_ID });
   return navigator.sendBeacon(`${BASE}generations/${id(generationId)}/cancel`, body);
 }
 
-export const generationStreamUrl = (generationId) => `${BASE}generations/${id(generationId)}/stream`;
+/** An answer's event stream, read as this page (`lastEventId`: resume after it). */
+export function generationStreamUrl(generationId, lastEventId = null) {
+  const query = new URLSearchParams({ page: PAGE_ID });
+  if (lastEventId) query.set("last_event_id", lastEventId);
+  return `${BASE}generations/${id(generationId)}/stream?${query}`;
+}
 
 export const getConversationTools = (conversationId) => request("GET", `conversations/${id(conversationId)}/tools`);
 export const setConversationTools = (conversationId, switches) =>

@@ -564,8 +564,9 @@ document.addEventListener("keydown", (event) => {
   }
 });
 window.addEventListener("popstate", () => route({ push: false }));
-// Closing the tab stops the answers still being written, wherever they are shown; a reload
-// re-attaches to them in time to keep them (the server waits a moment for that).
+// Closing the tab stops the answers still being written, wherever they are shown, unless
+// another tab reads them; a reload keeps them (the server knows a reload by the page it just
+// served, and waits a moment for the new page to read them again).
 window.addEventListener("pagehide", () => {
   for (const stream of state.streams.values()) {
     if (!stream.done) api.leaveGeneration(stream.generationId);

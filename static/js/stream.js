@@ -77,8 +77,7 @@ export class GenerationStream {
 
   open() {
     if (this.closed) return;
-    let url = generationStreamUrl(this.generationId);
-    if (this.lastEventId) url += `?last_event_id=${encodeURIComponent(this.lastEventId)}`;
+    const url = generationStreamUrl(this.generationId, this.lastEventId);
     const source = new EventSource(url, { withCredentials: true });
     this.source = source;
     this.firstOfConnection = true;
