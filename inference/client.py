@@ -20,13 +20,14 @@ import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 from django.conf import settings
 from django.utils.module_loading import import_string
 from prometheus_client.parser import text_string_to_metric_families
 
-from chatsite.netpolicy import AddressPolicy
+from chatsite.netpolicy import AddressPolicy, AddressRefused
 
 # The setting whose networks workers may be reached on besides public addresses.
 WORKER_NETWORKS_SETTING = "INFERENCE_WORKER_ALLOWED_NETWORKS"
@@ -220,6 +221,43 @@ def worker_socket(addr_info: aiohttp.connector.AddrInfoType) -> socket.socket:
     address = str(sockaddr[0])
     AddressPolicy.from_setting(WORKER_NETWORKS_SETTING).check(address, address)
     return socket.socket(family=family, type=type_, proto=proto)
+
+
+_NOT_TCP = "Only a ZeroMQ address tcp://host:port is accepted."
+
+
+def _tcp_endpoint(endpoint: str) -> tuple[str, int] | None:
+    """The host and port of a ZeroMQ `tcp://host:port` address; None for anything else."""
+    try:
+        parts = urlsplit(endpoint)
+        port = parts.port
+    except ValueError:
+        return None
+    if parts.scheme != "tcp" or not parts.hostname or port is None:
+        return None
+    return parts.hostname, port
+
+
+def kv_events_endpoint_refusal(endpoint: str) -> str | None:
+    """Why a worker's KV events endpoint may not be followed (a sentence), or None: only
+    `tcp://host:port`, and only where the address policy lets workers be reached, since
+    staff set it as they set the worker's URL."""
+    if _tcp_endpoint(endpoint) is None:
+        return _NOT_TCP
+    return AddressPolicy.from_setting(WORKER_NETWORKS_SETTING).url_refusal(endpoint)
+
+
+async def kv_events_address(endpoint: str) -> str:
+    """`endpoint` with its host resolved now and judged by the address policy, as the
+    address ZeroMQ connects to: ZeroMQ resolves names itself, again at each reconnect, so it
+    is handed an address already judged. `AddressRefused` otherwise."""
+    parsed = _tcp_endpoint(endpoint)
+    if parsed is None:
+        raise AddressRefused(_NOT_TCP)
+    host, port = parsed
+    [address, *_] = await AddressPolicy.from_setting(WORKER_NETWORKS_SETTING).aresolve(host, port)
+    shown = f"[{address}]" if ":" in address else address
+    return f"tcp://{shown}:{port}"
 
 
 class OpenAICompatibleClient:

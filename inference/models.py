@@ -10,7 +10,7 @@ from django.db import models
 
 from chatsite.netpolicy import AddressPolicy
 
-from .client import WORKER_NETWORKS_SETTING
+from .client import WORKER_NETWORKS_SETTING, kv_events_endpoint_refusal
 
 
 def worker_url_refusal(url: str) -> str | None:
@@ -109,9 +109,13 @@ class Worker(models.Model):
 
     def clean(self) -> None:
         super().clean()
-        refusal = worker_url_refusal(self.url)
-        if refusal is not None:
-            raise ValidationError({"url": refusal})
+        refusals = {"url": worker_url_refusal(self.url)}
+        for field in ("kv_events_endpoint", "kv_events_replay_endpoint"):
+            if endpoint := getattr(self, field):
+                refusals[field] = kv_events_endpoint_refusal(endpoint)
+        errors = {field: refusal for field, refusal in refusals.items() if refusal is not None}
+        if errors:
+            raise ValidationError(errors)
 
 
 class Generation(models.Model):

@@ -9,7 +9,8 @@ the batches it still buffers from a sequence number on, ending with sequence -1.
 
 `KVEventsSubscriber` follows one worker's publisher. A gap in the sequence (PUB drops what a
 slow or late subscriber missed) is filled from the replay socket before the batch that showed
-it; a sequence that goes back means the worker restarted, with an empty cache.
+it; a sequence that goes back means the worker restarted, with an empty cache. Both sockets
+connect only to an address the workers' address policy allows (`client.kv_events_address`).
 
 `KVEventsApplier` turns the events into the index's own block hashes (`prefix.block_hashes`:
 vLLM's hashes are seeded per process and cannot be computed here), chaining each stored
@@ -30,6 +31,7 @@ import zmq
 import zmq.asyncio
 
 from .. import queue
+from ..client import kv_events_address
 from . import prefix
 
 logger = logging.getLogger(__name__)
@@ -152,9 +154,10 @@ class KVEventsSubscriber:
         self._context = zmq.asyncio.Context.instance()
 
     async def run(self) -> None:
+        address = await kv_events_address(self.endpoint)
         socket = self._context.socket(zmq.SUB)
         socket.setsockopt(zmq.SUBSCRIBE, self.topic)
-        socket.connect(self.endpoint)
+        socket.connect(address)
         try:
             while True:
                 _, seq_bytes, payload = await socket.recv_multipart()
@@ -191,8 +194,9 @@ class KVEventsSubscriber:
     async def _replay(self, start: int, until: int) -> None:
         """The batches from `start` up to (not including) `until` that the publisher still
         buffers."""
+        address = await kv_events_address(self.replay_endpoint)
         socket = self._context.socket(zmq.DEALER)
-        socket.connect(self.replay_endpoint)
+        socket.connect(address)
         try:
             await socket.send_multipart([b"", start.to_bytes(8, "big")])
             deadline = time.monotonic() + REPLAY_TIMEOUT_SECONDS

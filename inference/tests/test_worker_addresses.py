@@ -1,7 +1,8 @@
 """Worker URLs and the address policy: a worker on a loopback, private, link-local or metadata
 address is refused when staff save it, when INFERENCE_WORKERS registers it, and when the
 client connects (its host name resolved then), unless INFERENCE_WORKER_ALLOWED_NETWORKS
-allows the address. Against a stand-in worker on 127.0.0.1."""
+allows the address; so is a worker's KV events endpoint, when saved and when the scheduler
+connects to it. Against a stand-in worker on 127.0.0.1."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from django.core.exceptions import ValidationError
 from django.test import Client
 
 from chatsite.errors import ServiceError
-from inference.client import FaultCode, OpenAICompatibleClient, WorkerFault
+from chatsite.netpolicy import AddressRefused
+from inference.client import FaultCode, OpenAICompatibleClient, WorkerFault, kv_events_address
 from inference.models import ModelPool, Worker
+from inference.scheduler import kv_events, prefix
 from inference.services import workers_sync_from_settings
 
 from .fake_worker import FakeWorker
@@ -143,3 +146,54 @@ async def test_the_client_refuses_a_worker_address_when_it_connects(
         assert "'127.0.0.1' is a loopback address" in fault.message
         assert "INFERENCE_WORKER_ALLOWED_NETWORKS" in fault.message
     assert worker.requests == [], "no request reached the worker"
+
+
+@pytest.mark.parametrize(
+    ("endpoint", "says"),
+    [
+        ("tcp://169.254.169.254:5557", "'169.254.169.254' is a cloud metadata address"),
+        ("tcp://127.0.0.1:6379", "'127.0.0.1' is a loopback address"),
+        ("tcp://10.0.0.5:5557", "'10.0.0.5' is a private address"),
+        ("ipc:///tmp/kv-events", "Only a ZeroMQ address tcp://host:port"),
+        ("http://93.184.216.34:5557", "Only a ZeroMQ address tcp://host:port"),
+        ("tcp://93.184.216.34", "Only a ZeroMQ address tcp://host:port"),
+        ("tcp://93.184.216.34:99999", "Only a ZeroMQ address tcp://host:port"),
+    ],
+)
+def test_kv_events_endpoints_are_held_to_the_policy_when_saved(
+    settings: Any, endpoint: str, says: str
+) -> None:
+    settings.INFERENCE_WORKER_ALLOWED_NETWORKS = []
+    worker = _worker("http://93.184.216.34:8000")
+    worker.kv_events_endpoint = endpoint
+    worker.kv_events_replay_endpoint = endpoint
+
+    with pytest.raises(ValidationError) as refused:
+        worker.clean()
+
+    errors = refused.value.message_dict
+    assert sorted(errors) == ["kv_events_endpoint", "kv_events_replay_endpoint"]
+    assert says in errors["kv_events_endpoint"][0]
+    settings.INFERENCE_WORKER_ALLOWED_NETWORKS = ["0.0.0.0/0"]
+    if says.startswith("Only"):
+        with pytest.raises(ValidationError):
+            worker.clean()
+    else:
+        worker.clean()
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "rebound.example"])
+async def test_the_kv_events_subscriber_refuses_an_address_when_it_connects(
+    settings: Any, monkeypatch: pytest.MonkeyPatch, host: str
+) -> None:
+    _resolve(monkeypatch, "rebound.example", "127.0.0.1")
+    settings.INFERENCE_WORKER_ALLOWED_NETWORKS = []
+    index = prefix.RedisIndex(None)  # never reached: the connection is refused first
+    applier = kv_events.KVEventsApplier(index, 1, capacity=10)
+    subscriber = kv_events.KVEventsSubscriber(applier, endpoint=f"tcp://{host}:5557")
+
+    with pytest.raises(AddressRefused, match="a loopback address"):
+        await subscriber.run()
+
+    settings.INFERENCE_WORKER_ALLOWED_NETWORKS = ["127.0.0.0/8"]
+    assert await kv_events_address(f"tcp://{host}:5557") == "tcp://127.0.0.1:5557"
