@@ -14,11 +14,13 @@ The rule of scopes (`ApiKey.Scope`), held in one place, `ApiKeyScopePermission`:
 
 `/v1` and the SSE streams serve chat only, so any active key may call them; a DRF view that
 names no `required_scope` is chat. A revoked key is refused from its next request on, in
-every one of them (`api_key_authenticate` reads the key on each request).
+every one of them (`api_key_authenticate` reads the key on each request), and the SSE streams
+it holds open end within a heartbeat period (`stream_credential_check`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 from asgiref.sync import sync_to_async
@@ -33,7 +35,7 @@ from chatsite.errors import ServiceError
 
 from .errors import ErrorCode
 from .models import ApiKey
-from .services import api_key_authenticate
+from .services import api_key_authenticate, api_key_revocation_check
 
 if TYPE_CHECKING:
     # Only for the annotation: DRF imports this module while rest_framework.views loads.
@@ -97,6 +99,16 @@ async def request_caller(request: HttpRequest) -> User | None:
         return await sync_to_async(api_key_user)(request)
     user = await request.auser()
     return user if isinstance(user, User) and user.is_authenticated else None
+
+
+def stream_credential_check(
+    request: HttpRequest, redis: Any
+) -> Callable[[], Awaitable[bool]] | None:
+    """For a stream `request_caller` let in with an API key: a check that the key still holds,
+    for the stream to make while it lasts (a revoked key's streams end, and the reconnect is
+    refused). None for a session's stream."""
+    raw_key = bearer_token(request)
+    return api_key_revocation_check(redis, raw_key) if raw_key else None
 
 
 class APIKeyAuthenticationScheme(OpenApiAuthenticationExtension):

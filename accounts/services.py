@@ -3,24 +3,34 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 import secrets
+from collections.abc import Awaitable, Callable, Iterable
 from datetime import timedelta
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.db import transaction
 from django.db.models import QuerySet
 from django.utils import timezone
+from redis.exceptions import RedisError
 
 from chatsite.errors import ServiceError
+from chatsite.redis import sync_redis
 
 from .errors import ErrorCode
 from .models import ApiKey
 from .selectors import api_key_for_user
 
+logger = logging.getLogger(__name__)
+
 KEY_PREFIX = "csk_"
 MAX_ACTIVE_KEYS_PER_USER = 50
 # Writing last-use on every request would turn reads into writes; a minute is precise enough.
 LAST_USED_RESOLUTION = timedelta(minutes=1)
+# A revoked key's mark, for the streams it opened before (`api_key_revoked`): they look at
+# least once a heartbeat period, so a day outlasts any look by far.
+REVOKED_MARK_SECONDS = 24 * 3600
 
 
 def hash_key(raw_key: str) -> str:
@@ -80,17 +90,58 @@ def api_key_update(*, user: User, key_id: int, store_conversations: bool) -> Api
 
 
 def api_key_revoke(*, user: User, key_id: int) -> ApiKey:
-    """Revoke one of `user`'s keys; revoking twice is harmless."""
+    """Revoke one of `user`'s keys; revoking twice is harmless. Its requests are refused from
+    the next on, and the streams it holds open end (`api_key_revoked`)."""
     key = api_key_for_user(user=user, key_id=key_id)
     if key.revoked_at is None:
         key.revoked_at = timezone.now()
         key.save(update_fields=["revoked_at"])
+        _mark_revoked([key.key_hash])
     return key
 
 
 def api_keys_revoke(*, keys: QuerySet[ApiKey]) -> int:
     """Revoke every active key in `keys` (staff action); returns how many were revoked."""
-    return keys.filter(revoked_at__isnull=True).update(revoked_at=timezone.now())
+    with transaction.atomic():
+        active = keys.filter(revoked_at__isnull=True).select_for_update()
+        hashes = list(active.values_list("key_hash", flat=True))
+        revoked = active.update(revoked_at=timezone.now())
+        _mark_revoked(hashes)
+    return revoked
+
+
+def revoked_mark_key(key_hash: str) -> str:
+    return f"apikey:revoked:{key_hash}"
+
+
+def _mark_revoked(key_hashes: Iterable[str]) -> None:
+    """Once the revocation commits, mark the keys in Redis for the streams they hold open. A
+    mark that Redis misses leaves such a stream to end with its answer, as before; every new
+    request is refused by the database all the same."""
+    marks = [revoked_mark_key(key_hash) for key_hash in key_hashes]
+
+    def mark() -> None:
+        try:
+            with sync_redis().pipeline(transaction=False) as pipe:
+                for name in marks:
+                    pipe.set(name, "1", ex=REVOKED_MARK_SECONDS)
+                pipe.execute()
+        except RedisError:
+            logger.warning("could not mark %d revoked key(s) for open streams", len(marks))
+
+    if marks:
+        transaction.on_commit(mark)
+
+
+def api_key_revocation_check(redis: Any, raw_key: str) -> Callable[[], Awaitable[bool]]:
+    """For a stream that the key `raw_key` opened: a check, for as long as the stream lasts,
+    that the key has not been revoked since (one Redis EXISTS)."""
+    mark = revoked_mark_key(hash_key(raw_key))
+
+    async def still_valid() -> bool:
+        return not await redis.exists(mark)
+
+    return still_valid
 
 
 def api_key_authenticate(*, raw_key: str) -> ApiKey | None:

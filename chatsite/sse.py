@@ -15,7 +15,8 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterator, Collection
+import time
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Collection
 from dataclasses import dataclass
 from typing import Any
 
@@ -158,11 +159,27 @@ class Tail:
         last_id: str,
         *,
         until: Collection[str] = TERMINAL_EVENTS,
+        still_allowed: Callable[[], Awaitable[bool]] | None = None,
     ) -> None:
         self.stream = stream
         self.last_id = last_id
         self.until = until
         self.finished = False
+        # Asked once a heartbeat period whether the caller may still read (their API key not
+        # revoked since): if not, the response ends, and the reconnect is refused.
+        self.still_allowed = still_allowed
+        self._allowed_at = time.monotonic()
+
+    async def _may_go_on(self) -> bool:
+        if self.still_allowed is None:
+            return True
+        if time.monotonic() - self._allowed_at < settings.STREAM_HEARTBEAT_SECONDS:
+            return True
+        self._allowed_at = time.monotonic()
+        if await self.still_allowed():
+            return True
+        logger.info("%s: the caller's credential was revoked; ending the response", self.stream)
+        return False
 
     async def events(self) -> AsyncGenerator[bytes, None]:
         # A stream may stay open for minutes or hours; the database connection that this
@@ -175,6 +192,8 @@ class Tail:
         try:
             async with contextlib.aclosing(entries):
                 async for entry in entries:
+                    if not await self._may_go_on():
+                        return
                     if entry is None:
                         yield HEARTBEAT
                         continue

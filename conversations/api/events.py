@@ -7,12 +7,12 @@ missed (within the capped stream). Heartbeats keep proxies from closing an idle 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Awaitable, Callable
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from accounts.authentication import request_caller
+from accounts.authentication import request_caller, stream_credential_check
 from chatsite import sse
 from chatsite.errors import ErrorCode, error_response
 
@@ -38,12 +38,16 @@ async def user_event_stream(request: HttpRequest) -> HttpResponse | StreamingHtt
         # that land between two reads.
         newest = await redis.xrevrange(stream, count=1)
         last_id = str(newest[0][0]) if newest else "0-0"
-    return sse.sse_response(_tail(redis, stream, last_id))
+    check = stream_credential_check(request, redis)
+    return sse.sse_response(_tail(redis, stream, last_id, check))
 
 
-async def _tail(redis: Any, stream: str, last_id: str) -> AsyncGenerator[bytes, None]:
-    # A user's stream has no last event: it lasts as long as the page.
-    tail = sse.Tail(stream, last_id, until=())
+async def _tail(
+    redis: Any, stream: str, last_id: str, still_allowed: Callable[[], Awaitable[bool]] | None
+) -> AsyncGenerator[bytes, None]:
+    # A user's stream has no last event: it lasts as long as the page (or, read with an API
+    # key, until the key is revoked).
+    tail = sse.Tail(stream, last_id, until=(), still_allowed=still_allowed)
     try:
         async with contextlib.aclosing(tail.events()) as events:
             async for chunk in events:

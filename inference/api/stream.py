@@ -20,7 +20,7 @@ import contextlib
 import json
 import logging
 import re
-from collections.abc import AsyncGenerator, AsyncIterator
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable
 from typing import Any
 from uuid import UUID
 
@@ -28,7 +28,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.http import HttpRequest, HttpResponse, StreamingHttpResponse
 
-from accounts.authentication import request_caller
+from accounts.authentication import request_caller, stream_credential_check
 from chatsite import sse
 from chatsite.errors import ErrorCode, NotFound, error_response
 from chatsite.stream_events import StreamEvent
@@ -71,7 +71,8 @@ async def generation_stream(
         await redis.aclose()
         body = await sync_to_async(_stored_events)(generation.id)
         return sse.sse_response(_once(body))
-    return sse.sse_response(_tail(redis, generation, last_id, page))
+    check = stream_credential_check(request, redis)
+    return sse.sse_response(_tail(redis, generation, last_id, page, check))
 
 
 async def _once(body: bytes) -> AsyncIterator[bytes]:
@@ -125,11 +126,15 @@ def _stored_events(generation_id: UUID) -> bytes:
 
 
 async def _tail(
-    redis: Any, generation: Generation, last_id: str, page: str
+    redis: Any,
+    generation: Generation,
+    last_id: str,
+    page: str,
+    still_allowed: Callable[[], Awaitable[bool]] | None,
 ) -> AsyncGenerator[bytes, None]:
     gid = str(generation.id)
     keys = queue.watch_keys(gid)
-    tail = sse.Tail(queue.stream_key(gid), last_id)
+    tail = sse.Tail(queue.stream_key(gid), last_id, still_allowed=still_allowed)
     await redis.eval(
         queue.ATTACH, len(keys), *keys, gid, str(settings.GENERATION_STREAM_TTL_SECONDS), page
     )
