@@ -13,7 +13,11 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
 # Django must be set up before anything imports models (as `get_asgi_application` does).
 django.setup(set_prefix=False)
 
+from chatsite import tracing  # noqa: E402
 from chatsite.threads import EdgeHandler  # noqa: E402
+
+# Spans of the turns this edge accepts, if an OTLP endpoint is configured.
+tracing.configure("chatsite-edge")
 
 # Django's handler, with each request's thread-sensitive code on a reused thread.
 django_asgi_app = EdgeHandler()

@@ -20,6 +20,9 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
+
+from chatsite import logs
 
 APPLICATION = "chatsite.asgi:application"
 # The collector's thresholds in an edge process (Python's defaults: 700, 10, 10). An edge holds
@@ -92,6 +95,11 @@ def main(argv: Sequence[str] | None = None) -> None:
 
     args = parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+    # uvicorn's own lines (start, stop, an error outside Django) as the service's, in JSON
+    # too; in text, as uvicorn writes them.
+    log_config: Any = uvicorn.config.LOGGING_CONFIG
+    if (os.environ.get("LOG_FORMAT") or "text") == "json":
+        log_config = logs.logging_config("json", os.environ.get("LOG_LEVEL", "INFO"))
     uvicorn.run(
         args.application,
         host=args.host,
@@ -103,6 +111,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         access_log=False,
         server_header=False,
         forwarded_allow_ips=args.forwarded_allow_ips,
+        log_config=log_config,
         timeout_graceful_shutdown=GRACEFUL_SECONDS,
         app_dir=str(Path(__file__).resolve().parent.parent),
     )

@@ -34,6 +34,7 @@ from django.middleware import clickjacking, common, csrf, security
 from django.utils.decorators import sync_and_async_middleware
 from django.utils.deprecation import MiddlewareMixin
 
+from chatsite import logs
 from chatsite.errors import error_body
 from chatsite.redis import REDIS_FAULTS
 
@@ -113,6 +114,38 @@ class MessageMiddleware(Inline, messages.MessageMiddleware):
 
 class XFrameOptionsMiddleware(Inline, clickjacking.XFrameOptionsMiddleware):
     pass
+
+
+@sync_and_async_middleware
+def request_id_middleware(get_response: Any) -> Any:
+    """Each request's id: the caller's `X-Request-Id` if sane (a proxy's, a client's), else a
+    new one. Log lines while it is handled carry it (`chatsite.logs`), a turn stores it with
+    its job for the scheduler, and the response returns it in `X-Request-Id` unless the view
+    set its own (`/v1` answers with its completion id, as OpenAI does)."""
+    if iscoroutinefunction(get_response):
+
+        async def identified(request: HttpRequest) -> Any:
+            # Set, not reset: Django's ASGI handler runs each request in a task of its own,
+            # whose context keeps the ids until the streamed body has been sent. (The test
+            # client's requests share the test's task: the generation id is cleared here.)
+            request_id = logs.accepted_request_id(request.headers.get("X-Request-Id"))
+            logs.request_id.set(request_id)
+            logs.generation_id.set(None)
+            response = await get_response(request)
+            response.headers.setdefault("X-Request-Id", request_id)
+            return response
+
+        return identified
+
+    def identified_sync(request: HttpRequest) -> Any:
+        request_id = logs.accepted_request_id(request.headers.get("X-Request-Id"))
+        # One thread serves request after request here (WSGI, the test client).
+        with logs.bound(request=request_id, generation=None):
+            response = get_response(request)
+        response.headers.setdefault("X-Request-Id", request_id)
+        return response
+
+    return identified_sync
 
 
 @sync_and_async_middleware

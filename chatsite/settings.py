@@ -13,6 +13,8 @@ import django_stubs_ext
 from csp.constants import NONE, SELF
 from django.core.exceptions import ImproperlyConfigured
 
+from chatsite.logs import logging_config
+
 # Lets admin and serializer classes be subscripted for the type checker.
 django_stubs_ext.monkeypatch()
 
@@ -117,6 +119,7 @@ INSTALLED_APPS = [
 API_MAX_BODY_BYTES = env_int("API_MAX_BODY_BYTES", 2 * 1024 * 1024)
 
 MIDDLEWARE = [
+    "chatsite.middleware.request_id_middleware",
     "chatsite.middleware.SecurityMiddleware",
     "chatsite.middleware.CSPMiddleware",
     "chatsite.middleware.body_limit_middleware",
@@ -355,13 +358,10 @@ AUTO_MODEL_LONG_PROMPT_TOKENS = env_int("AUTO_MODEL_LONG_PROMPT_TOKENS", 2000)
 AUTO_MODEL_LARGE_TIERS = env_list("AUTO_MODEL_LARGE_TIERS", ["pro"])
 AUTO_MODEL_CHOOSER = os.environ.get("AUTO_MODEL_CHOOSER", "conversations.auto_model.RuleChooser")
 
-LOGGING = {
-    "version": 1,
-    "disable_existing_loggers": False,
-    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s: %(message)s"}},
-    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
-    "root": {"handlers": ["console"], "level": os.environ.get("LOG_LEVEL", "INFO")},
-}
+# `text` lines for people, or `json`: one JSON object a line for a log collector. Either way
+# each record carries the request id and generation id it belongs to (chatsite/logs.py).
+LOG_FORMAT = os.environ.get("LOG_FORMAT") or "text"
+LOGGING = logging_config(LOG_FORMAT, os.environ.get("LOG_LEVEL", "INFO"))
 
 # What an edge process loads as it starts instead of during its first user's message: the
 # tokenizer that counts a context (0.25 s of CPU measured here) and the input classifiers'

@@ -9,6 +9,10 @@ the plan may use the model, and the output budget is clamped once), moderate the
 persist the tree change, assemble the context, reserve (billing), enqueue (inference).
 An `Idempotency-Key` replays the turn it already made (charged once); the reservation is
 given back if the transaction fails. The way back out is `conversations.finish`.
+
+With tracing on (`chatsite.tracing`), a turn is a `turn` span with one child per step
+(`turn.accept`, `turn.moderate_input`, `turn.persist`, `turn.assemble`, `turn.reserve`,
+`turn.enqueue`); once its generation exists, the request's log lines name it too.
 """
 
 from __future__ import annotations
@@ -34,7 +38,7 @@ from billing.services import (
     reservation_create,
     reservation_release,
 )
-from chatsite import dotted
+from chatsite import dotted, logs, tracing
 from chatsite.errors import ServiceError
 from inference.models import Generation, ModelPool
 from inference.services import (
@@ -206,6 +210,7 @@ def _auto_route(choice: auto_model.Choice | None) -> dict[str, str] | None:
     }
 
 
+@tracing.traced("turn")
 def _queued_turn(
     *,
     user: User,
@@ -279,32 +284,35 @@ def _write_and_start(
     # Moderation (issue 6), before anything is written or reserved: a suspended account is
     # refused every send, and a blocked text costs nothing and never reaches a worker. The
     # flag of a blocked text commits on its own here, so it survives the refusal.
-    moderation_ensure_can_send(user=user)
-    plan = plan_for_user(user=user)
-    choice = _auto_choice(plan=plan, conversation=conversation, content=content)
-    pool = pool_named(model=choice.pool if choice else conversation.model)
-    # Billing is the one judge of whether the plan may use the model (403 if not).
-    limits = pool_limits(plan=plan, pool=pool)
-    pool_ensure_room_for_new(
-        pool=pool,
-        tier=plan.tier,
-        is_new=lambda: (
-            conversation._state.adding
-            or not Generation.objects.filter(conversation=conversation).exists()
-        ),
-    )
-    wanted = max_tokens or plan.max_output_tokens
-    max_tokens = min(wanted, plan.max_output_tokens, pool.max_output_tokens)
+    with tracing.span("turn.accept"):
+        moderation_ensure_can_send(user=user)
+        plan = plan_for_user(user=user)
+        choice = _auto_choice(plan=plan, conversation=conversation, content=content)
+        pool = pool_named(model=choice.pool if choice else conversation.model)
+        # Billing is the one judge of whether the plan may use the model (403 if not).
+        limits = pool_limits(plan=plan, pool=pool)
+        pool_ensure_room_for_new(
+            pool=pool,
+            tier=plan.tier,
+            is_new=lambda: (
+                conversation._state.adding
+                or not Generation.objects.filter(conversation=conversation).exists()
+            ),
+        )
+        wanted = max_tokens or plan.max_output_tokens
+        max_tokens = min(wanted, plan.max_output_tokens, pool.max_output_tokens)
     verdict = None
     # A conversation written together with this turn has no row yet: a flag made before it
     # has none to point at (as after the conversation is removed on a refusal).
     saved = None if conversation._state.adding else conversation
     if content is not None and content.strip() and len(content) <= settings.MESSAGE_MAX_CHARS:
-        verdict = moderation_check_input(user=user, conversation=saved, content=content)
+        with tracing.span("turn.moderate_input"):
+            verdict = moderation_check_input(user=user, conversation=saved, content=content)
     generation: Generation | None = None
     try:
         with transaction.atomic():
-            written = write()
+            with tracing.span("turn.persist"):
+                written = write()
             user_message, placeholder = written.user_message, written.placeholder
             generation = generation_start(
                 message=placeholder,
@@ -395,12 +403,13 @@ def generation_start(
         count_tokens(tokenizer, json.dumps(tools)) + TOOLS_OVERHEAD_TOKENS if tools else 0
     )
     budget_tokens = pool.context_window - max_tokens - tools_tokens
-    context = assemble_context(
-        branch=branch,
-        tokenizer=tokenizer,
-        budget_tokens=budget_tokens,
-        summary=None if new_conversation else summary_for_branch(branch=branch),
-    )
+    with tracing.span("turn.assemble"):
+        context = assemble_context(
+            branch=branch,
+            tokenizer=tokenizer,
+            budget_tokens=budget_tokens,
+            summary=None if new_conversation else summary_for_branch(branch=branch),
+        )
     # Turns dropped that no summary covers: the branch's summary is due.
     summary_request_if_needed(
         conversation=conversation, leaf=branch[-1], context=context, budget_tokens=budget_tokens
@@ -415,11 +424,20 @@ def generation_start(
         max_tokens=max_tokens,
         route_reason=route["reason"] if route else "",
     )
+    # The rest of the request logs with it, and the turn's span names it.
+    logs.generation_id.set(str(generation.pk))
+    tracing.annotate(
+        **{
+            "chatsite.generation_id": str(generation.pk),
+            "chatsite.request_id": logs.request_id.get(),
+        }
+    )
     if route:
         services.answers_set_route(answers=Message.objects.filter(pk=message.pk), route=route)
     # Reserve the prompt estimate plus max output tokens against every limit of the plan at
     # once; a refusal (413/429) rolls the turn back.
-    reservation_create(generation=generation, prompt_tokens=prompt_tokens, limits=limits)
+    with tracing.span("turn.reserve"):
+        reservation_create(generation=generation, prompt_tokens=prompt_tokens, limits=limits)
     generation_enqueue(
         generation=generation,
         request=GenerationRequest(

@@ -9,7 +9,7 @@ scheduler replicas and edge processes can share one Redis without locks:
 - `fair:<pool>:<tier>` hash: the queue's virtual time `V` and each user's last finish tag
 - `job:<id>`         hash: what the scheduler needs to run the generation (prompt, limits);
                      `detached_ms` since when nobody reads its stream, `leaving` once its page
-                     said it is going away
+                     said it is going away; `request_id` and `traceparent` from the edge
 - `lease:<worker>`   sorted set of generation ids running on a worker, scored by lease expiry;
                      a replica that dies stops renewing, and its leases lapse by themselves
 - `lease-tokens:<worker>`, `prefill:<worker>`  hashes: per lease, the tokens it may hold in the
@@ -436,6 +436,13 @@ class Job:
     # The attempts made so far: more than none when a replica died while serving it and
     # another adopted it (scheduler/adoption.py); the next one restarts it.
     attempt: int = 0
+    # The edge's request id, for the scheduler's log lines and the worker's request id, and
+    # the W3C traceparent of its enqueue span ("" when not traced), which the scheduler's
+    # spans continue (chatsite/logs.py, chatsite/tracing.py).
+    request_id: str = ""
+    traceparent: str = ""
+    # When the scheduler claimed it (ms; written by `CLAIM`), the end of its wait in line.
+    claimed_ms: int = 0
 
     @property
     def kv_tokens(self) -> int:
@@ -465,6 +472,8 @@ class Job:
             "tool_choice": json.dumps(self.tool_choice),
             "run_tools": "1" if self.run_tools else "",
             "may_fall_back": "1" if self.may_fall_back else "",
+            "request_id": self.request_id,
+            "traceparent": self.traceparent,
         }
 
     @classmethod
@@ -487,6 +496,9 @@ class Job:
             run_tools=bool(fields.get("run_tools")),
             may_fall_back=bool(fields.get("may_fall_back")),
             attempt=int(fields.get("attempt") or 0),
+            request_id=fields.get("request_id") or "",
+            traceparent=fields.get("traceparent") or "",
+            claimed_ms=int(fields.get("claimed_ms") or 0),
         )
 
 

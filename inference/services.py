@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -26,6 +26,7 @@ from django.db.models import DateTimeField, F, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
+from chatsite import logs, tracing
 from chatsite.catalog import CATALOG
 from chatsite.errors import ServiceError
 from chatsite.redis import sync_redis
@@ -158,8 +159,10 @@ def generation_enqueue(*, generation: Generation, request: GenerationRequest) ->
         tool_choice=request.tool_choice,
         run_tools=request.run_tools and bool(request.tools),
         may_fall_back=request.may_fall_back,
+        request_id=logs.request_id.get() or "",
     )
 
+    @tracing.traced("turn.enqueue")
     def _enqueue() -> None:
         redis = sync_redis()
         queue.append_event(
@@ -179,7 +182,9 @@ def generation_enqueue(*, generation: Generation, request: GenerationRequest) ->
                 ),
             },
         )
-        queue.enqueue(redis, job)
+        # The scheduler's spans continue from this one.
+        queue.enqueue(redis, replace(job, traceparent=tracing.traceparent()))
+        logger.debug("generation %s queued in %s (%s)", job.generation_id, job.pool, job.tier)
 
     transaction.on_commit(_enqueue)
 

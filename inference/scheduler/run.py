@@ -20,6 +20,7 @@ from django.conf import settings
 from django.db import close_old_connections
 from django.utils import timezone
 
+from chatsite import logs, tracing
 from chatsite.redis import REDIS_FAULTS
 from chatsite.stream_events import DeltaData, MetaData, RestartData, StreamEvent
 
@@ -110,6 +111,23 @@ class Runs:
 
     def new(self, job: queue.Job, placement: Placement, admitted: Admitted) -> Run:
         worker = placement.view
+        # Its wait in line and its placement, now that both are over.
+        admitted_ms = queue.now_ms()
+        claimed_ms = job.claimed_ms or admitted_ms
+        tracing.record(
+            "scheduler.queue_wait",
+            parent=job.traceparent,
+            start_ms=job.enqueued_ms,
+            end_ms=claimed_ms,
+            **{"chatsite.pool": job.pool, "chatsite.tier": job.tier},
+        )
+        tracing.record(
+            "scheduler.placement",
+            parent=job.traceparent,
+            start_ms=claimed_ms,
+            end_ms=admitted_ms,
+            **{"chatsite.worker": worker.name},
+        )
         return Run(
             job=job,
             worker=worker,
@@ -139,6 +157,16 @@ class Runs:
         self._given_up.add(generation_id)
 
     async def serve(self, run: Run) -> None:
+        """Serve `run` to its end; its log lines carry its request and generation ids, and
+        its spans join the trace of the turn that enqueued it."""
+        job = run.job
+        with (
+            logs.bound(request=job.request_id or None, generation=job.generation_id),
+            tracing.resumed(job.traceparent),
+        ):
+            await self._serve(run)
+
+    async def _serve(self, run: Run) -> None:
         gid = run.job.generation_id
         try:
             if await self._cancel_asked(gid):
@@ -221,8 +249,16 @@ class Runs:
         except REDIS_FAULTS:
             return False  # housekeeping finds the flag once Redis answers
 
+    @tracing.traced("scheduler.generate")
     async def _attempt(self, run: Run) -> None:
         job, view = run.job, run.worker
+        tracing.annotate(
+            **{
+                "chatsite.worker": view.name,
+                "chatsite.attempt": run.attempt,
+                "chatsite.tool_round": run.tool_rounds,
+            }
+        )
         if run.announced_attempt != run.attempt:
             # Once per worker: a tool round continues on the same one without a new `meta`.
             # No database round trip stands between admission and the first token.
@@ -246,6 +282,9 @@ class Runs:
                 StreamEvent.META,
                 MetaData(status="running", worker=view.name, attempt=run.attempt),
             )
+            logger.debug(
+                "generation %s runs on %s (attempt %d)", job.generation_id, view.name, run.attempt
+            )
         if not run.messages:
             run.messages = list(job.messages)
         # A forced call is the first round's; the rounds after it let the model choose.
@@ -261,7 +300,7 @@ class Runs:
             max_tokens=max(1, job.max_tokens - int(run.spent.get("completion_tokens") or 0)),
             priority=job.priority,
             params=job.params,
-            request_id=f"{job.generation_id}-{run.attempt}{round_suffix}",
+            request_id=worker_request_id(job, f"{run.attempt}{round_suffix}"),
             # Only our plugins are optional: a `/v1` client's tools are never dropped.
             tools=None if job.run_tools and view.id in self.no_tool_workers else job.tools,
             tool_choice=tool_choice,
@@ -317,6 +356,7 @@ class Runs:
         """The attempt's first text: Postgres learns where and since when it runs, in one
         write off the answer's way; the job's first-token time is kept for the first only."""
         first_token_at = timezone.now()
+        tracing.event("first_token")
         run.admission = replace(admission, first_token_at=first_token_at)
         gid = run.job.generation_id
         if not run.first_token_seen:
@@ -425,6 +465,7 @@ class Runs:
                 return True
         return False
 
+    @tracing.traced("scheduler.finish")
     async def _finish(
         self,
         run: Run,
@@ -480,6 +521,9 @@ class Runs:
                 await sync_to_async(close_old_connections)()
             else:
                 run.finished = True
+                logger.debug(
+                    "generation %s ended %s (%s)", run.job.generation_id, status, finish_reason
+                )
                 if status == Generation.Status.COMPLETE and run.text:
                     self._remember_answer(run, usage)
                 await self._flag_output(run)
@@ -522,6 +566,13 @@ class Runs:
         task = asyncio.ensure_future(coro)
         self._background.add(task)
         task.add_done_callback(self._background.discard)
+
+
+def worker_request_id(job: queue.Job, attempt: str) -> str:
+    """The request id the worker is sent (vLLM's own log lines and its abort name it): the
+    generation and its attempt (with its tool round, `2r1`), then the edge's request id."""
+    own = f"{job.generation_id}-{attempt}"
+    return f"{own}.{job.request_id}" if job.request_id else own
 
 
 def _add_usage(spent: dict[str, Any], usage: dict[str, Any]) -> dict[str, Any]:

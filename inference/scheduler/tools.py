@@ -10,6 +10,7 @@ error text instead. `/v1` clients run their own tools: the answer ends at their 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import json
 import logging
 from concurrent.futures import ThreadPoolExecutor
@@ -129,6 +130,8 @@ class ToolLoop:
                 loop.run_in_executor(
                     self._threads,
                     partial(
+                        # In the run's context: the tool's log lines carry its ids.
+                        contextvars.copy_context().run,
                         self.runner.run,
                         user_id=user_id,
                         conversation_id=conversation_id,

@@ -80,8 +80,9 @@ class FakeWorker:
         self.server.server_close()
 
     def served(self) -> Counter[str]:
-        """How many times each generation id was requested (ids are `<gen>-<attempt>`)."""
-        return Counter(rid.rsplit("-", 1)[0] for rid in self.request_ids)
+        """How many times each generation id was requested (ids are `<gen>-<attempt>`, then
+        `.<edge request id>` when the job has one)."""
+        return Counter(rid.split(".", 1)[0].rsplit("-", 1)[0] for rid in self.request_ids)
 
     def _handler(self) -> type[BaseHTTPRequestHandler]:
         worker = self

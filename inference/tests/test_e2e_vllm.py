@@ -13,6 +13,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 
 from billing.tests.factories import subscribe
+from chatsite import logs
 from conversations.models import Conversation, Message
 from conversations.services import conversation_create
 from conversations.turns import Turn, turn_send
@@ -109,7 +110,9 @@ async def test_cancel_stops_the_request_inside_vllm(
     user: User, real_workers: list[RealWorker]
 ) -> None:
     await register(real_workers)
-    turn = await send(user, "Write a very long story about a baker, with many chapters.")
+    # As the edge's middleware binds it for a request.
+    with logs.bound(request="e2e-request-7", generation=None):
+        turn = await send(user, "Write a very long story about a baker, with many chapters.")
     async with running_schedulers():
 
         async def streaming() -> bool:
@@ -137,6 +140,11 @@ async def test_cancel_stops_the_request_inside_vllm(
     assert generation.message.status == Message.Status.CANCELLED
     assert generation.message.content  # the text produced so far is kept
     assert generation.output_tokens is not None and generation.output_tokens < 512
+    if worker.log is not None:  # a worker this run started: vLLM's own log names our id
+        ours = f"chatcmpl-{generation.pk}-1.e2e-request-7"
+        lines = worker.log.read_text().splitlines()
+        assert any(f"Received request {ours}" in line for line in lines)
+        assert any("Aborted request" in line and ours in line for line in lines)
 
 
 async def test_in_a_surge_paid_answers_overtake_the_free_queue(

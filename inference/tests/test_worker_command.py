@@ -30,6 +30,7 @@ def test_cpu_argv_uses_eager_mode_and_always_on_features() -> None:
     assert flag_value(argv, "--scheduling-policy") == "priority"
     assert flag_value(argv, "--max-model-len") == "8192"
     assert "--enable-prefix-caching" in argv
+    assert "--enable-log-requests" in argv
     assert "--enforce-eager" in argv
     assert "--kv-cache-memory-bytes" not in argv
     assert "--max-num-seqs" not in argv

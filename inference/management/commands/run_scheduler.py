@@ -15,6 +15,7 @@ from typing import Any
 import uvloop
 from django.core.management.base import BaseCommand
 
+from chatsite import tracing
 from inference.scheduler import Scheduler
 
 
@@ -25,6 +26,8 @@ class Command(BaseCommand):
         parser.add_argument("--replica-id", help="A name for this replica (default: host-pid).")
 
     def handle(self, *args: Any, **options: Any) -> None:
+        # Spans of the generations it serves, if an OTLP endpoint is configured.
+        tracing.configure("chatsite-scheduler")
         uvloop.run(self._run(options.get("replica_id")))
 
     async def _run(self, replica_id: str | None) -> None:

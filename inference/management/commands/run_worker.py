@@ -92,6 +92,9 @@ def build_worker_argv(
         "priority",
         # Usage then reports cached prompt tokens, which the ledger and benchmarks read.
         "--enable-prompt-tokens-details",
+        # A line per request received and aborted, naming the request id the scheduler sent
+        # (the generation's id and the edge's request id); at INFO, without the prompt.
+        "--enable-log-requests",
     ]
     if tool_call_parser:
         argv += ["--enable-auto-tool-choice", "--tool-call-parser", tool_call_parser]
