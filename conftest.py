@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import io
+import json
+import logging
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
@@ -14,7 +17,7 @@ from rest_framework.test import APIClient
 from accounts.models import ApiKey
 from accounts.services import api_key_create
 from accounts.tests.factories import UserFactory
-from chatsite import catalog
+from chatsite import catalog, logs
 from chatsite.redis import sync_redis
 
 # Session-wide fixtures (a live edge, real vLLM workers, the browser) start once per run,
@@ -109,3 +112,20 @@ def session_client(user: Any) -> APIClient:
     client = APIClient(enforce_csrf_checks=True)
     client.force_login(user)
     return client
+
+
+@pytest.fixture
+def json_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
+    """What `LOG_FORMAT=json` writes, as parsed lines; the inference plane at DEBUG, whose
+    lines say where a generation went."""
+    buffer = io.StringIO()
+    handler = logging.StreamHandler(buffer)
+    handler.addFilter(logs.ContextFilter())
+    handler.setFormatter(logs.JsonFormatter())
+    root, inference = logging.getLogger(), logging.getLogger("inference")
+    root.addHandler(handler)
+    level = inference.level
+    inference.setLevel(logging.DEBUG)
+    yield lambda: [json.loads(line) for line in buffer.getvalue().splitlines()]
+    inference.setLevel(level)
+    root.removeHandler(handler)

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from contextvars import ContextVar
 from typing import Any
 
+from pythonjsonlogger.core import RESERVED_ATTRS
 from pythonjsonlogger.json import JsonFormatter as _JsonFormatter
 
 request_id: ContextVar[str | None] = ContextVar("request_id", default=None)
@@ -78,6 +79,8 @@ class JsonFormatter(_JsonFormatter):
             "{asctime}{levelname}{name}{message}",
             style="{",
             rename_fields={"asctime": "time", "levelname": "level", "name": "logger"},
+            # uvicorn's copy of its message with terminal colours.
+            reserved_attrs=[*RESERVED_ATTRS, "color_message"],
             **kwargs,
         )
 

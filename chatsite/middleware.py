@@ -121,16 +121,17 @@ def request_id_middleware(get_response: Any) -> Any:
     """Each request's id: the caller's `X-Request-Id` if sane (a proxy's, a client's), else a
     new one. Log lines while it is handled carry it (`chatsite.logs`), a turn stores it with
     its job for the scheduler, and the response returns it in `X-Request-Id` unless the view
-    set its own (`/v1` answers with its completion id, as OpenAI does)."""
+    set its own (`/v1` answers with its completion id, as OpenAI does).
+
+    The ids are set, never reset: Django's own line for a 4xx or 5xx answer and a streamed
+    body come after the middleware has returned, and must carry them too. Under ASGI they
+    live in the request's own task (when this runs in the request's thread, because one
+    below it is sync-only as WhiteNoise is, asgiref carries them back to that task); on a
+    thread that serves request after request (WSGI) each request sets both anew."""
     if iscoroutinefunction(get_response):
 
         async def identified(request: HttpRequest) -> Any:
-            # Set, not reset: Django's ASGI handler runs each request in a task of its own,
-            # whose context keeps the ids until the streamed body has been sent. (The test
-            # client's requests share the test's task: the generation id is cleared here.)
-            request_id = logs.accepted_request_id(request.headers.get("X-Request-Id"))
-            logs.request_id.set(request_id)
-            logs.generation_id.set(None)
+            request_id = _identify(request)
             response = await get_response(request)
             response.headers.setdefault("X-Request-Id", request_id)
             return response
@@ -138,14 +139,19 @@ def request_id_middleware(get_response: Any) -> Any:
         return identified
 
     def identified_sync(request: HttpRequest) -> Any:
-        request_id = logs.accepted_request_id(request.headers.get("X-Request-Id"))
-        # One thread serves request after request here (WSGI, the test client).
-        with logs.bound(request=request_id, generation=None):
-            response = get_response(request)
+        request_id = _identify(request)
+        response = get_response(request)
         response.headers.setdefault("X-Request-Id", request_id)
         return response
 
     return identified_sync
+
+
+def _identify(request: HttpRequest) -> str:
+    request_id = logs.accepted_request_id(request.headers.get("X-Request-Id"))
+    logs.request_id.set(request_id)
+    logs.generation_id.set(None)
+    return request_id
 
 
 @sync_and_async_middleware

@@ -51,6 +51,18 @@ async def test_a_sane_request_id_is_echoed_and_any_other_replaced(db: Any) -> No
     assert _all_new(replaced)
 
 
+async def test_djangos_line_for_an_error_answer_carries_the_request_id(
+    db: Any, json_lines: Any
+) -> None:
+    """Django logs a 4xx or 5xx answer after the middleware returned: the id is still set."""
+    response = await AsyncClient().get("/api/v1/conversations", headers=_headers(SANE))
+    assert _answer(response) == SANE
+    refused = [line for line in json_lines() if line["logger"] == "django.request"]
+    assert [(line["message"], line["request_id"]) for line in refused] == [
+        ("Unauthorized: /api/v1/conversations", SANE)
+    ]
+
+
 def test_a_synchronous_request_gets_its_id_too(db: Any) -> None:
     """The middleware's path without an event loop (WSGI, the test client)."""
     client = Client()
@@ -59,7 +71,6 @@ def test_a_synchronous_request_gets_its_id_too(db: Any) -> None:
         _answer(client.get("/api/v1/conversations", headers=_headers(sent))) for sent in MALFORMED
     ]
     assert _all_new(replaced)
-    assert logs.request_id.get() is None  # nothing left behind on this thread
 
 
 def test_log_format_json_writes_lines_that_carry_the_ids(tmp_path: Any) -> None:

@@ -8,11 +8,9 @@ test_e2e_vllm.py).
 
 from __future__ import annotations
 
-import io
-import json
-import logging
+import asyncio
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
@@ -26,7 +24,7 @@ from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from accounts.services import api_key_create
-from chatsite import logs, tracing
+from chatsite import tracing
 
 from .fixtures import finished, register_pool, running_schedulers, wait_for
 
@@ -50,23 +48,6 @@ SCHEDULER_STEPS = [
 
 
 @pytest.fixture
-def json_lines() -> Iterator[Callable[[], list[dict[str, Any]]]]:
-    """What `LOG_FORMAT=json` writes, as parsed lines; the inference plane at DEBUG, whose
-    lines say where a generation went."""
-    buffer = io.StringIO()
-    handler = logging.StreamHandler(buffer)
-    handler.addFilter(logs.ContextFilter())
-    handler.setFormatter(logs.JsonFormatter())
-    root, inference = logging.getLogger(), logging.getLogger("inference")
-    root.addHandler(handler)
-    level = inference.level
-    inference.setLevel(logging.DEBUG)
-    yield lambda: [json.loads(line) for line in buffer.getvalue().splitlines()]
-    inference.setLevel(level)
-    root.removeHandler(handler)
-
-
-@pytest.fixture
 def spans() -> Iterator[InMemorySpanExporter]:
     """Tracing on, into memory, for this test."""
     exporter = InMemorySpanExporter()
@@ -80,7 +61,13 @@ def spans() -> Iterator[InMemorySpanExporter]:
 
 async def _send(user: User, content: str = "Hello there") -> tuple[Any, str]:
     """A message POST through the ASGI path, with its sync work on the edge's pool of threads
-    (as in production); the response and its generation's id."""
+    (as in production); the response and its generation's id. In a task of its own, as the
+    ASGI handler runs each request (the test client runs it in the caller's task, whose
+    context the schedulers started next would inherit)."""
+    return await asyncio.create_task(_post(user, content))
+
+
+async def _post(user: User, content: str) -> tuple[Any, str]:
     _, key = await sync_to_async(api_key_create)(user=user, name="tests")
     client = AsyncClient()
     authorization = {"Authorization": f"Bearer {key}"}
