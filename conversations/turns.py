@@ -429,7 +429,7 @@ def generation_start(
     tracing.annotate(
         **{
             "chatsite.generation_id": str(generation.pk),
-            "chatsite.request_id": logs.request_id.get(),
+            "chatsite.request_id": logs.request_id.get() or "",
         }
     )
     if route:
