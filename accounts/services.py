@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import secrets
@@ -139,7 +140,9 @@ def api_key_revocation_check(redis: Any, raw_key: str) -> Callable[[], Awaitable
     mark = revoked_mark_key(hash_key(raw_key))
 
     async def still_valid() -> bool:
-        return not await redis.exists(mark)
+        # Shielded: a client leaving cancels the stream while it may be here, and a redis-py
+        # command cancelled mid-way can swallow the cancel (the stream then never ended).
+        return not await asyncio.shield(redis.exists(mark))
 
     return still_valid
 
