@@ -67,6 +67,16 @@ def test_readyz_names_an_active_pool_without_a_healthy_worker(live_edge: LiveEdg
     assert body["status"] == "unavailable"
     assert body["failing"] == ["workers"]
     assert body["checks"]["workers"] == "no healthy worker in idle-pool"
+    # A client outside the operators' networks learns which check fails, not why.
+    public = httpx.get(
+        f"{live_edge.url}/readyz", headers={"X-Forwarded-For": "203.0.113.9"}, timeout=5
+    )
+    assert public.status_code == 503
+    assert public.json() == {
+        "status": "unavailable",
+        "checks": {"database": "ok", "redis": "ok", "workers": "failing"},
+        "failing": ["workers"],
+    }
 
 
 def test_metrics_answer_loopback_with_the_edge_metrics(live_edge: LiveEdge) -> None:

@@ -4,7 +4,6 @@ counts, through real answers served by an in-process replica."""
 from __future__ import annotations
 
 import socket
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -177,8 +176,7 @@ async def _worker_down(replica: Any) -> bool:
 
 async def test_scheduler_readyz_is_503_when_its_redis_stops(
     fake_workers: Any,
-    own_redis: RedisServer,
-    tmp_path: Path,  # noqa: F811
+    own_redis: RedisServer,  # noqa: F811 (the fixture imported above)
 ) -> None:
     await sync_to_async(register_pool)(fake_workers())
     port = _free_port()
