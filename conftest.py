@@ -30,6 +30,9 @@ pytest_plugins = ["inference.tests.fixtures", "conversations.tests.browser_conft
 LOOPBACK_NETWORKS = "127.0.0.0/8,::1/128"
 for _setting in ("INFERENCE_WORKER_ALLOWED_NETWORKS", "PLUGINS_MCP_ALLOWED_NETWORKS"):
     os.environ.setdefault(_setting, LOOPBACK_NETWORKS)
+# The scheduler replicas the suite starts as processes serve no endpoints (several would want
+# one port); the tests of the endpoints give each replica a free port of its own.
+os.environ.setdefault("SCHEDULER_METRICS_PORT", "0")
 
 
 @pytest.fixture(autouse=True)

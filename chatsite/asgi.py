@@ -1,7 +1,8 @@
 """ASGI entry point, served by the edge (`python -m chatsite.edge`, uvicorn).
 
 HTTP (pages, the JSON API, SSE streams) goes to Django; Channels' router leaves room
-for other protocols without another process.
+for other protocols without another process. The operator's endpoints (`/healthz`,
+`/readyz`, `/metrics`) are answered ahead of Django (`chatsite.ops`).
 """
 
 import os
@@ -24,7 +25,27 @@ django_asgi_app = EdgeHandler()
 
 from channels.routing import ProtocolTypeRouter  # noqa: E402
 
-application = ProtocolTypeRouter({"http": django_asgi_app})
+from chatsite import health, metrics  # noqa: E402
+from chatsite.ops import OpsEndpoints  # noqa: E402
+from inference.selectors import pools_without_healthy_worker  # noqa: E402
+
+# The edge is ready while the database and Redis answer and every active pool has a worker.
+READINESS = {
+    "database": health.database_answers,
+    "redis": health.redis_answers,
+    "workers": health.database_check(pools_without_healthy_worker),
+}
+
+application = ProtocolTypeRouter(
+    {
+        "http": OpsEndpoints(
+            django_asgi_app, checks=READINESS, collectors=[metrics.CeleryQueueCollector()]
+        )
+    }
+)
+
+# An edge process replacing one that died: the dead one's streams are no longer relayed.
+metrics.forget_dead_processes()
 
 from chatsite.edge import tune_gc, warm_up  # noqa: E402
 

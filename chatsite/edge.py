@@ -10,6 +10,10 @@ Redis through its own multiplexed reader (`chatsite.stream_hub`).
 
 In production, put the edge behind a proxy that terminates TLS and pass `--forwarded-allow-ips`
 with the proxy's address, so the client's address and scheme come from its headers.
+
+Its processes count their metrics in files of one folder, which a scrape of any of them sums
+(`chatsite.metrics`): `PROMETHEUS_MULTIPROC_DIR`, emptied at start, or else a fresh folder
+made here and removed when the edge stops.
 """
 
 from __future__ import annotations
@@ -17,7 +21,9 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shutil
 import sys
+import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -25,6 +31,8 @@ from typing import Any
 from chatsite import logs
 
 APPLICATION = "chatsite.asgi:application"
+# Named as prometheus_client reads it, in every process, before it is first imported.
+METRICS_DIR_ENV = "PROMETHEUS_MULTIPROC_DIR"
 # The collector's thresholds in an edge process (Python's defaults: 700, 10, 10). An edge holds
 # many live objects (every open stream's request, response and generators) and allocates a
 # few per event; at the defaults, collections of the older generations walked all of them
@@ -90,11 +98,36 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    import uvicorn
+def metrics_folder() -> tuple[Path, bool]:
+    """The folder the edge's processes count their metrics in, emptied, and whether it was
+    made here (and is removed when the edge stops). The values of a previous run are not this
+    run's: prometheus_client sums every file it finds there."""
+    given = os.environ.get(METRICS_DIR_ENV)
+    if not given:
+        folder = Path(tempfile.mkdtemp(prefix="chatsite-edge-metrics-"))
+        os.environ[METRICS_DIR_ENV] = str(folder)
+        return folder, True
+    folder = Path(given)
+    folder.mkdir(parents=True, exist_ok=True)
+    for stale in folder.glob("*.db"):
+        stale.unlink()
+    return folder, False
 
+
+def main(argv: Sequence[str] | None = None) -> None:
     args = parse_args(argv)
     os.environ.setdefault("DJANGO_SETTINGS_MODULE", "chatsite.settings")
+    folder, made_here = metrics_folder()
+    try:
+        serve(args)
+    finally:
+        if made_here:
+            shutil.rmtree(folder, ignore_errors=True)
+
+
+def serve(args: argparse.Namespace) -> None:
+    import uvicorn
+
     # uvicorn's own lines (start, stop, an error outside Django) as the service's, in JSON
     # too; in text, as uvicorn writes them.
     log_config: Any = uvicorn.config.LOGGING_CONFIG

@@ -5,6 +5,7 @@ Every knob a deployment turns is an environment variable; README.md lists them.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 from pathlib import Path
 
@@ -378,6 +379,22 @@ EDGE_WARM_UP = env_list(
 # the other. The suite's in-process clients set it False: their test transaction is seen only
 # on the calling thread (its live edge runs as production does).
 EDGE_SYNC_THREADS = env_bool("EDGE_SYNC_THREADS", True)
+
+# Who may read `/metrics` on the edge's public port (chatsite/ops.py): these networks (CIDRs),
+# by default loopback and the private ranges a Prometheus inside the cluster scrapes from;
+# anyone else gets 404. A wrong CIDR stops every process at start.
+METRICS_ALLOWED_NETWORKS = env_list(
+    "METRICS_ALLOWED_NETWORKS",
+    ["127.0.0.0/8", "::1/128", "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "fc00::/7"],
+)
+for _network in METRICS_ALLOWED_NETWORKS:
+    try:
+        ipaddress.ip_network(_network, strict=False)
+    except ValueError as _exc:
+        raise ImproperlyConfigured(f"METRICS_ALLOWED_NETWORKS: {_exc}") from _exc
+# The scheduler's /metrics, /healthz and /readyz (inference/scheduler/ops.py) listen on this
+# port; 0 turns them off. `run_scheduler --metrics-port` overrides it.
+SCHEDULER_METRICS_PORT = env_int("SCHEDULER_METRICS_PORT", 9100)
 
 # Inference plane. Workers named here are registered at scheduler start; staff add more in
 # admin. Format: "pool=url[,pool=url...]"; the pool's served model name is the pool name.

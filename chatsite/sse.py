@@ -27,7 +27,7 @@ from django.http import HttpRequest, StreamingHttpResponse
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
-from chatsite import stream_hub, threads
+from chatsite import metrics, stream_hub, threads
 from chatsite.stream_events import TERMINAL_EVENTS
 
 logger = logging.getLogger(__name__)
@@ -129,6 +129,7 @@ async def read(
     entries = stream_hub.stream_entries(
         subscription, idle_seconds=settings.STREAM_HEARTBEAT_SECONDS
     )
+    metrics.EDGE_ACTIVE_STREAMS.inc()
     try:
         async for item in entries:
             if item is None:
@@ -136,10 +137,12 @@ async def read(
                 continue
             entry_id, fields = item
             entry = Entry(entry_id, fields.get("event") or UNNAMED, fields.get("data") or "{}")
+            metrics.EDGE_EVENTS.inc()
             yield entry
             if entry.event in until:
                 return
     finally:
+        metrics.EDGE_ACTIVE_STREAMS.dec()
         hub.unsubscribe(subscription)
         await entries.aclose()
 

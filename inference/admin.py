@@ -1,10 +1,16 @@
-"""Staff console for the inference plane: pools, workers with their live load, generations."""
+"""Staff console for the inference plane: pools, workers with their live load, generations,
+and the capacity page (the per-tier SLO figures the metrics export, live)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db.models import QuerySet
-from django.http import HttpRequest
+from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path
 
 from . import selectors, services
 from .models import Generation, ModelPool, Worker
@@ -63,6 +69,103 @@ class WorkerAdmin(admin.ModelAdmin[Worker]):
     def undrain(self, request: HttpRequest, queryset: QuerySet[Worker]) -> None:
         count = services.workers_undrain(workers=queryset)
         self.message_user(request, f"{count} worker(s) back in service.")
+
+    # The capacity page: staff who may view workers (inference.view_worker) see it.
+
+    def get_urls(self) -> list[URLPattern]:
+        return [
+            path(
+                "capacity/",
+                self.admin_site.admin_view(self.capacity_view),
+                name="inference_capacity",
+            ),
+            path(
+                "capacity/data/",
+                self.admin_site.admin_view(self.capacity_data),
+                name="inference_capacity_data",
+            ),
+            *super().get_urls(),
+        ]
+
+    def capacity_view(self, request: HttpRequest) -> HttpResponse:
+        minutes = self._capacity_minutes(request)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Capacity",
+            "opts": self.model._meta,
+            "minutes": minutes,
+            "choices": CAPACITY_MINUTES,
+            "refresh_seconds": CAPACITY_REFRESH_SECONDS,
+            **capacity_tables(selectors.capacity_report(minutes=minutes)),
+        }
+        return TemplateResponse(request, "inference/admin_capacity.html", context)
+
+    def capacity_data(self, request: HttpRequest) -> JsonResponse:
+        """The page's tables again, for its script to refresh them."""
+        minutes = self._capacity_minutes(request)
+        return JsonResponse(capacity_tables(selectors.capacity_report(minutes=minutes)))
+
+    def _capacity_minutes(self, request: HttpRequest) -> int:
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        try:
+            minutes = int(request.GET.get("minutes", ""))
+        except ValueError:
+            minutes = CAPACITY_MINUTES[0]
+        return minutes if minutes in CAPACITY_MINUTES else CAPACITY_MINUTES[0]
+
+
+# The capacity page's periods (the first is the default) and how often it refreshes itself.
+CAPACITY_MINUTES = (5, 15, 60)
+CAPACITY_REFRESH_SECONDS = 5
+
+
+def capacity_tables(report: selectors.Capacity) -> dict[str, Any]:
+    """The capacity page's two tables as rows of display cells (the page and its refresh
+    show the same text)."""
+    return {
+        "tiers": [
+            [
+                row.pool,
+                row.tier,
+                str(row.queued),
+                str(row.running),
+                str(row.answered),
+                _ms(row.ttft_p50_ms),
+                _ms(row.ttft_p95_ms),
+                _ms(row.queue_p50_ms),
+                _ms(row.queue_p95_ms),
+                _number(row.tokens_per_second),
+                str(row.rejected),
+            ]
+            for row in report.tiers
+        ],
+        "workers": [
+            [
+                worker.name,
+                worker.pool,
+                worker.state,
+                f"{worker.in_flight} / {worker.max_concurrency}",
+                _number(worker.running, digits=0),
+                _number(worker.waiting, digits=0),
+                _number(worker.kv_cache_percent, digits=0, suffix=" %"),
+                _number(
+                    None if worker.prefix_hit_ratio is None else worker.prefix_hit_ratio * 100,
+                    digits=0,
+                    suffix=" %",
+                ),
+            ]
+            for worker in report.workers
+        ],
+    }
+
+
+def _ms(value: float | None) -> str:
+    return "-" if value is None else f"{value:.0f} ms"
+
+
+def _number(value: float | None, *, digits: int = 1, suffix: str = "") -> str:
+    return "-" if value is None else f"{value:.{digits}f}{suffix}"
 
 
 @admin.register(Generation)

@@ -32,7 +32,7 @@ from chatsite.errors import ServiceError
 from chatsite.redis import sync_redis
 from chatsite.stream_events import MetaData, StreamEvent
 
-from . import queue
+from . import metrics, queue
 from .errors import ErrorCode
 from .hooks import Outcome, get_hooks
 from .models import Generation, ModelPool, Worker, worker_url_refusal
@@ -107,6 +107,7 @@ def pool_ensure_room_for_new(*, pool: ModelPool, tier: str, is_new: Callable[[],
     redis = sync_redis()
     if int(redis.zcard(queue.queue_key(pool.name, tier))) < threshold or not is_new():
         return
+    metrics.REJECTIONS.labels(pool.name, tier, ErrorCode.HIGH_DEMAND).inc()
     raise ServiceError(
         ErrorCode.HIGH_DEMAND,
         "Demand is high right now: new conversations on your plan wait a moment. Please try "
@@ -185,6 +186,8 @@ def generation_enqueue(*, generation: Generation, request: GenerationRequest) ->
         # The scheduler's spans continue from this one.
         queue.enqueue(redis, replace(job, traceparent=tracing.traceparent()))
         logger.debug("generation %s queued in %s (%s)", job.generation_id, job.pool, job.tier)
+        if request.route:
+            metrics.DEGRADATIONS.labels(job.pool, job.tier, request.route["reason"]).inc()
 
     transaction.on_commit(_enqueue)
 
@@ -292,7 +295,7 @@ def generation_lock_unfinished(generation_id: Any) -> Generation | None:
     """The generation, row-locked until the transaction ends, if it is not final yet."""
     return (
         Generation.objects.select_for_update(of=("self",))
-        .select_related("pool", "conversation")
+        .select_related("pool", "served_pool", "conversation")
         .filter(pk=generation_id)
         .exclude(status__in=Generation.FINAL_STATUSES)
         .first()
@@ -363,6 +366,7 @@ def generation_finish(
         hooks.generation_finishing(generation=generation, outcome=outcome)
 
     hooks.generation_finished(generation=generation, outcome=outcome)
+    metrics.finished(generation=generation, error_code=error_code)
     gid = str(generation_id)
     # The stream's last events, its expiry and the job's removal: one round trip.
     with sync_redis().pipeline(transaction=False) as pipe:

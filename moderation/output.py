@@ -21,7 +21,7 @@ from django.conf import settings
 from chatsite.stream_events import RetractData
 from inference.services import CONTENT_FILTER
 
-from . import engine
+from . import engine, metrics
 from .categories import label
 from .engine import Verdict
 
@@ -95,7 +95,9 @@ async def check(text: str) -> Verdict:
     """Evaluate `text` without blocking the event loop: the policy where database access is
     allowed, the classifiers in a worker thread."""
     policy = await sync_to_async(engine.policy)()
-    return await asyncio.to_thread(engine.evaluate, text, policy)
+    verdict = await asyncio.to_thread(engine.evaluate, text, policy)
+    metrics.verdict_taken(metrics.OUTPUT, verdict)
+    return verdict
 
 
 def retract_event(verdict: Verdict) -> RetractData:

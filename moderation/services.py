@@ -22,7 +22,7 @@ from django.utils import timezone
 from chatsite.errors import NotFound, ServiceError
 from inference.models import Generation
 
-from . import engine, selectors
+from . import engine, metrics, selectors
 from .categories import label
 from .engine import Verdict
 from .errors import ErrorCode
@@ -61,6 +61,7 @@ def moderation_check_input(*, user: User, conversation: Any, content: str) -> Ve
     if not settings.MODERATION_INPUT_ENABLED:
         return None
     verdict = engine.evaluate(content, engine.policy())
+    metrics.verdict_taken(metrics.INPUT, verdict)
     if verdict.is_blocked:
         flag_record(
             user=user,

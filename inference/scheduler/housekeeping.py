@@ -20,7 +20,7 @@ from django.db import close_old_connections
 
 from chatsite.stream_events import QueueData, StreamEvent
 
-from .. import queue, services
+from .. import metrics, queue, services
 from ..errors import ErrorCode
 from ..models import Generation
 from .capacity import Capacity
@@ -163,6 +163,7 @@ class Housekeeping:
                     pool_name=fallback.name,
                     reason=Generation.RouteReason.HIGH_DEMAND,
                 )
+                metrics.DEGRADATIONS.labels(fallback.name, tier, "high_demand").inc(len(moved))
                 for generation_id in moved:
                     await self.writer.event(generation_id, StreamEvent.META, route)
                 logger.info(

@@ -24,7 +24,7 @@ from chatsite import logs, tracing
 from chatsite.redis import REDIS_FAULTS
 from chatsite.stream_events import DeltaData, MetaData, RestartData, StreamEvent
 
-from .. import hooks, queue, services
+from .. import hooks, metrics, queue, services
 from ..client import (
     FaultCode,
     OpenAICompatibleClient,
@@ -179,6 +179,7 @@ class Runs:
                     if isinstance(fault, ToolsUnsupported) and run.job.run_tools:
                         # Offering our plugins is optional: answer on this worker without.
                         logger.warning("worker %s serves without tools", run.worker.name)
+                        metrics.degraded(run.job, metrics.TOOLS_UNSUPPORTED)
                         self.no_tool_workers.add(run.worker.id)
                         continue
                     if not await self._retry_elsewhere(run, fault):
@@ -361,6 +362,7 @@ class Runs:
         gid = run.job.generation_id
         if not run.first_token_seen:
             run.first_token_seen = True
+            metrics.first_token(run.job)
             try:
                 await self.redis.eval(
                     queue.HSET_IF_EXISTS, 1, queue.job_key(gid), "first_token_ms", queue.now_ms()
@@ -451,6 +453,7 @@ class Runs:
                 placement, gid, tokens=run.job.kv_tokens, tier=run.job.tier
             )
             if admitted:
+                metrics.ADMISSIONS.labels(run.job.pool, run.job.tier, metrics.RETRY).inc()
                 view = placement.view
                 run.worker = view
                 run.admitted = admitted
@@ -523,6 +526,12 @@ class Runs:
                 run.finished = True
                 logger.debug(
                     "generation %s ended %s (%s)", run.job.generation_id, status, finish_reason
+                )
+                metrics.answered(
+                    run.job,
+                    status=status,
+                    output_tokens=usage.get("completion_tokens"),
+                    since=run.admission.first_token_at if run.admission else None,
                 )
                 if status == Generation.Status.COMPLETE and run.text:
                     self._remember_answer(run, usage)

@@ -12,6 +12,9 @@ on a worker with room (`capacity.py`, by the policy of `placement.py`), and serv
 - adoption:     adopts the answers of replicas that stopped beating; gives up those another
                 replica adopted from this one while it stood still
 - housekeeping: lease renewal, queue time limit, queue positions, stale sweep
+
+With a `metrics_port`, the replica also serves `/metrics`, `/healthz` and `/readyz` there
+(`ops.py`).
 """
 
 from __future__ import annotations
@@ -30,7 +33,7 @@ from django.conf import settings
 
 from chatsite.redis import REDIS_FAULTS, async_redis
 
-from .. import queue, services
+from .. import metrics, queue, services
 from ..client import OpenAICompatibleClient, WorkerLoad, get_client
 from ..models import Worker
 from ..tokens import warm_default_tokenizer
@@ -39,6 +42,7 @@ from .capacity import Capacity, WorkerView, fleet_rows
 from .guard import configured_guard
 from .housekeeping import Housekeeping
 from .kv_events import KVEventsApplier, KVEventsSubscriber
+from .ops import OpsServer
 from .placement import configured_policy
 from .run import Run, Runs
 from .tools import ToolLoop, configured_runner
@@ -61,6 +65,7 @@ class Scheduler:
         replica_id: str | None = None,
         client: OpenAICompatibleClient | None = None,
         health_interval: float | None = None,
+        metrics_port: int = 0,
     ) -> None:
         self.replica_id = (
             replica_id or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
@@ -101,6 +106,18 @@ class Scheduler:
         self.kv_subscribers: dict[int, _Following] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
+        self.ops = (
+            OpsServer(
+                port=metrics_port,
+                redis=self.redis,
+                replica_id=self.replica_id,
+                capacity=self.capacity,
+                stopped_loops=self.stopped_loops,
+            )
+            if metrics_port
+            else None
+        )
 
     @property
     def workers(self) -> dict[int, WorkerView]:
@@ -114,7 +131,7 @@ class Scheduler:
         await sync_to_async(services.workers_sync_from_settings)()
         await self.liveness.beat()
         await self.check_workers()
-        loops = [
+        self._loops = loops = [
             asyncio.create_task(beat_forever(self.liveness, self._stopping), name="heartbeat"),
             asyncio.create_task(self._loop(self.adoption_step, 1.0), name="adoption"),
             asyncio.create_task(
@@ -128,12 +145,16 @@ class Scheduler:
             "scheduler %s started with %d worker(s)", self.replica_id, len(self.capacity.workers)
         )
         try:
+            if self.ops is not None:
+                await self.ops.start()
             await self._stopping.wait()
         finally:
             subscribers = [following.task for following in self.kv_subscribers.values()]
             for task in [*loops, *subscribers]:
                 task.cancel()
             await asyncio.gather(*loops, *subscribers, return_exceptions=True)
+            if self.ops is not None:
+                await self.ops.stop()
             await self._drain()
             await self.liveness.leave()
             await self.redis.aclose()
@@ -150,6 +171,10 @@ class Scheduler:
     def stop(self) -> None:
         self._stopping.set()
         self._wake.set()
+
+    def stopped_loops(self) -> list[str]:
+        """The names of the replica's loops that ended while it runs (none should)."""
+        return [task.get_name() for task in self._loops if task.done()]
 
     async def _drain(self) -> None:
         """Let running answers finish for a while, then cancel what is left."""
@@ -343,6 +368,7 @@ class Scheduler:
                     placement, generation_id, tokens=job.kv_tokens, tier=job.tier
                 )
                 if admitted:
+                    metrics.admitted(job, reason=metrics.ADOPTED if job.attempt else metrics.NEW)
                     run = self.runs.new(job, placement, admitted)
                     task = asyncio.create_task(self._serve(run), name=f"gen-{generation_id}")
                     self.running[generation_id] = task

@@ -38,8 +38,11 @@ class FakeWorker:
         pause_trigger: str = "",
         pause_seconds: float = 0.0,
         block_size: int = 0,
+        prefix_cache: tuple[int, int] | None = None,
     ) -> None:
         self.mode = mode
+        # (queries, hits): /metrics reports vLLM's prefix-cache counters with these totals.
+        self.prefix_cache = prefix_cache
         # With a block size, /metrics reports vLLM's cache_config_info (1,000 blocks of it).
         self.block_size = block_size
         # Seconds before the first chunk: a request waiting in vLLM's queue behind a full batch.
@@ -108,6 +111,14 @@ class FakeWorker:
                         "# TYPE vllm:kv_cache_usage_perc gauge\n"
                         'vllm:kv_cache_usage_perc{model_name="fake"} 0.1\n'
                     )
+                    if worker.prefix_cache is not None:
+                        queries, hits = worker.prefix_cache
+                        body += (
+                            "# TYPE vllm:prefix_cache_queries_total counter\n"
+                            f'vllm:prefix_cache_queries_total{{model_name="fake"}} {queries}\n'
+                            "# TYPE vllm:prefix_cache_hits_total counter\n"
+                            f'vllm:prefix_cache_hits_total{{model_name="fake"}} {hits}\n'
+                        )
                     if worker.block_size:
                         body += (
                             "# TYPE vllm:cache_config_info gauge\n"

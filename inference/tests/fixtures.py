@@ -332,7 +332,7 @@ class LiveEdge:
 
 def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
     """Start an edge (`chatsite.edge`) on a free port against the test database; returns
-    once it answers.
+    once it answers. `EDGE_WORKERS` among the overrides: its processes (else one).
 
     It serves the project through `chatsite.tests.edge_asgi`, which counts the requests in
     flight for `LiveEdge.wait_until_idle`.
@@ -353,7 +353,11 @@ def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
     }
     log = log_dir / f"edge-{port}.log"
     process = subprocess.Popen(  # noqa: S603 (our own command line)
-        edge.command(port, application="chatsite.tests.edge_asgi:application"),
+        edge.command(
+            port,
+            workers=int(env_overrides.get("EDGE_WORKERS", "1")),
+            application="chatsite.tests.edge_asgi:application",
+        ),
         cwd=settings.BASE_DIR,
         env=env,
         stdout=log.open("wb"),

@@ -13,6 +13,7 @@ import signal
 from typing import Any
 
 import uvloop
+from django.conf import settings
 from django.core.management.base import BaseCommand
 
 from chatsite import tracing
@@ -24,14 +25,21 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: Any) -> None:
         parser.add_argument("--replica-id", help="A name for this replica (default: host-pid).")
+        parser.add_argument(
+            "--metrics-port",
+            type=int,
+            default=settings.SCHEDULER_METRICS_PORT,
+            help="Serve /metrics, /healthz and /readyz on this port; 0: not at all "
+            "(default: SCHEDULER_METRICS_PORT).",
+        )
 
     def handle(self, *args: Any, **options: Any) -> None:
         # Spans of the generations it serves, if an OTLP endpoint is configured.
         tracing.configure("chatsite-scheduler")
-        uvloop.run(self._run(options.get("replica_id")))
+        uvloop.run(self._run(options.get("replica_id"), options["metrics_port"]))
 
-    async def _run(self, replica_id: str | None) -> None:
-        scheduler = Scheduler(replica_id=replica_id)
+    async def _run(self, replica_id: str | None, metrics_port: int) -> None:
+        scheduler = Scheduler(replica_id=replica_id, metrics_port=metrics_port)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, scheduler.stop)
