@@ -93,10 +93,20 @@ format: venv
 browser:
 	scripts/setup-browser.sh
 
+# The Redis-facing tests, run again on a local Redis Cluster of three masters.
+CLUSTER_TESTS := inference/tests/test_fair_queue.py inference/tests/test_overload.py \
+	inference/tests/test_scheduler.py inference/tests/test_admission.py \
+	inference/tests/test_prefix.py inference/tests/test_writer.py \
+	inference/tests/test_adoption.py inference/tests/test_disconnect_grace.py \
+	inference/tests/test_stream.py billing/tests/test_quota.py \
+	billing/tests/test_reservations.py billing/tests/test_idempotency.py \
+	chatsite/tests/test_stream_hub.py chatsite/tests/test_sse.py
+
 .PHONY: test
 test: venv services lint model browser routers-venv
 	$(TEST_ENV) $(PY) manage.py collectstatic --noinput --verbosity 0
 	$(TEST_ENV) CHATSITE_E2E_REQUIRED=1 $(VENV)/bin/pytest
+	$(TEST_ENV) $(VENV)/bin/pytest --redis-cluster $(CLUSTER_TESTS)
 
 .PHONY: migrate
 migrate: venv model services $(DATA_DIR)/secret_key $(DATA_DIR)/plugins_encryption_key

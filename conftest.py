@@ -8,6 +8,7 @@ import logging
 import os
 import uuid
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import pytest
@@ -19,6 +20,7 @@ from accounts.services import api_key_create
 from accounts.tests.factories import UserFactory
 from chatsite import catalog, logs
 from chatsite.redis import sync_redis
+from chatsite.tests.redis_cluster import LocalCluster
 
 # Session-wide fixtures (a live edge, real vLLM workers, the browser) start once per run,
 # shared by every app's tests.
@@ -33,6 +35,74 @@ for _setting in ("INFERENCE_WORKER_ALLOWED_NETWORKS", "PLUGINS_MCP_ALLOWED_NETWO
 # The scheduler replicas the suite starts as processes serve no endpoints (several would want
 # one port); the tests of the endpoints give each replica a free port of its own.
 os.environ.setdefault("SCHEDULER_METRICS_PORT", "0")
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--redis-cluster",
+        action="store_true",
+        help="run the tests against a local Redis Cluster of three masters, which the suite "
+        "starts (redis-server --cluster-enabled yes) and stops",
+    )
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(django_db_setup: Any) -> Iterator[LocalCluster]:
+    """A Redis Cluster of three masters for the session, stopped before the test database
+    is dropped (it requests the database's set-up, so it is torn down first)."""
+    cluster = LocalCluster().start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@contextmanager
+def redis_cluster_settings(cluster: LocalCluster) -> Iterator[None]:
+    """Settings, and the environment the suite's processes inherit, pointing the client
+    factory at `cluster` (Django's cache and Celery stay on the plain Redis); restored after."""
+    before = settings.REDIS_URL, settings.REDIS_CLUSTER
+    env: dict[str, str] = {
+        "REDIS_URL": cluster.url,
+        "REDIS_CLUSTER": "1",
+        "CACHE_REDIS_URL": settings.CACHE_REDIS_URL,
+        "CELERY_BROKER_URL": settings.CELERY_BROKER_URL,
+        "CELERY_RESULT_BACKEND": settings.CELERY_RESULT_BACKEND,
+    }
+    saved_env = {name: os.environ.get(name) for name in env}
+    os.environ.update(env)
+    settings.REDIS_URL, settings.REDIS_CLUSTER = cluster.url, True
+    try:
+        yield
+    finally:
+        settings.REDIS_URL, settings.REDIS_CLUSTER = before
+        for name, value in saved_env.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _suite_on_redis_cluster(request: pytest.FixtureRequest) -> Iterator[None]:
+    """With `--redis-cluster`, every test of the run talks to the local cluster."""
+    if not request.config.getoption("--redis-cluster"):
+        yield
+        return
+    cluster = request.getfixturevalue("redis_cluster")
+    with redis_cluster_settings(cluster):
+        yield
+
+
+@pytest.fixture
+def on_redis_cluster(redis_cluster: LocalCluster) -> Iterator[LocalCluster]:
+    """This test on the local Redis Cluster, emptied before and after it."""
+    with redis_cluster_settings(redis_cluster):
+        sync_redis().flushdb()
+        try:
+            yield redis_cluster
+        finally:
+            sync_redis().flushdb()
 
 
 @pytest.fixture(autouse=True)

@@ -339,24 +339,28 @@ def census(stack: Stack) -> tuple[dict[str, KeyGroup], dict[str, int]]:
 
 # What each key family is. Patterns as `key_pattern` writes them; the first match decides.
 FAMILIES: list[tuple[str, str, str]] = [
-    (r"^cs:stream:<uuid>$", "expires", "an answer's events, kept GENERATION_STREAM_TTL_SECONDS"),
-    (r"^cs:aff:<uuid>$", "expires", "a conversation's worker (SCHEDULER_AFFINITY_TTL_SECONDS)"),
-    (r"^cs:events:<n>$", "expires", "a user's event stream (sidebar, titles)"),
-    (r"^cs:title-pending:<uuid>$", "expires", "a conversation's title task, queued or running"),
-    (r"^cs:(metrics|placed):<n>$", "fleet", "per worker: last load, rate of placements"),
+    (
+        r"^cs:stream:\{s<n>\}:<uuid>$",
+        "expires",
+        "an answer's events, kept GENERATION_STREAM_TTL_SECONDS",
+    ),
+    (r"^\{cs\}:aff:<uuid>$", "expires", "a conversation's worker (SCHEDULER_AFFINITY_TTL_SECONDS)"),
+    (r"^cs:events:\{s<n>\}:<n>$", "expires", "a user's event stream (sidebar, titles)"),
+    (r"^\{cs\}:title-pending:<uuid>$", "expires", "a conversation's title task, queued or running"),
+    (r"^\{cs\}:(metrics|placed):<n>$", "fleet", "per worker: last load, rate of placements"),
     (r"^\{cs:prefix\}:<n>", "fleet", "per worker: the estimated prefix cache"),
-    (r"^cs:rr:", "fleet", "per pool: the round-robin counter"),
-    (r"^cs:fair:", "fleet", "per pool and tier: the fair queue's clock"),
-    (r"^cs:housekeeping", "fleet", "housekeeping's turn between replicas (TTL)"),
-    (r"^cs:replica:", "fleet", "a live replica's heartbeat (TTL)"),
-    (r"^cs:replicas$", "fleet", "replicas by last beat (members: live replicas only)"),
+    (r"^\{cs\}:rr:", "fleet", "per pool: the round-robin counter"),
+    (r"^\{cs\}:fair:", "fleet", "per pool and tier: the fair queue's clock"),
+    (r"^\{cs\}:housekeeping", "fleet", "housekeeping's turn between replicas (TTL)"),
+    (r"^\{cs\}:replica:", "fleet", "a live replica's heartbeat (TTL)"),
+    (r"^\{cs\}:replicas$", "fleet", "replicas by last beat (members: live replicas only)"),
     (r"^catalog:version$", "fleet", "the model catalogue's version (one key)"),
-    (r"^cs:watchers:<uuid>$", "answer", "how many clients read an answer's stream"),
-    (r"^cs:job:<uuid>$", "answer", "an answer's job"),
-    (r"^cs:(lease|lease-tokens|prefill):<n>$", "must-go", "leases on a worker"),
-    (r"^cs:owned:", "must-go", "answers a replica owns"),
-    (r"^cs:(q|qt):", "must-go", "a queue"),
-    (r"^cs:detached$", "must-go", "answers nobody watches"),
+    (r"^\{cs\}:watchers:<uuid>$", "answer", "how many clients read an answer's stream"),
+    (r"^\{cs\}:job:<uuid>$", "answer", "an answer's job"),
+    (r"^\{cs\}:(lease|lease-tokens|prefill):<n>$", "must-go", "leases on a worker"),
+    (r"^\{cs\}:owned:", "must-go", "answers a replica owns"),
+    (r"^\{cs\}:(q|qt):", "must-go", "a queue"),
+    (r"^\{cs\}:detached$", "must-go", "answers nobody watches"),
     (r"^cs:bill:\{u<n>\}:res:<uuid>$", "must-go", "an open reservation"),
     (r"^cs:bill:open$", "must-go", "reservations not yet settled"),
     (r"^cs:bill:\{u<n>\}:idem:", "expires", "an Idempotency-Key's result (a day)"),
@@ -382,7 +386,7 @@ def verdict(group: KeyGroup, held: int, *, stopped: bool) -> tuple[str, str]:
         ("unknown", "not a family this benchmark knows"),
     )
     if family == "fleet":
-        if stopped and group.pattern == "cs:replicas" and held:
+        if stopped and group.pattern == "{cs}:replicas" and held:
             return "LEAK", what + f"; {held} member(s) after every replica stopped"
         return "fleet", what
     if family == "queue":

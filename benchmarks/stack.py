@@ -594,6 +594,7 @@ _ID_PATTERNS = [
     (re.compile(r"[0-9a-f]{32,64}"), "<hash>"),
     (re.compile(r"(?<=:)[a-z]+-\d+-\d+(?=$|:)"), "<replica>"),
     (re.compile(r"\{u\d+\}"), "{u<n>}"),
+    (re.compile(r"\{s\d+\}"), "{s<n>}"),
     (re.compile(r"(?<=[:.])\d+(?=$|[:.])"), "<n>"),
 ]
 

@@ -186,6 +186,19 @@ else:
     }
 
 REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
+# REDIS_URL names any node of a Redis Cluster (chatsite/redis.py; README, "Redis Cluster").
+# Django's cache and Celery do not speak Cluster: they need a plain Redis of their own.
+REDIS_CLUSTER = env_bool("REDIS_CLUSTER", False)
+CACHE_REDIS_URL = os.environ.get("CACHE_REDIS_URL", REDIS_URL)
+if REDIS_CLUSTER and not (
+    os.environ.get("CACHE_REDIS_URL")
+    and os.environ.get("CELERY_BROKER_URL")
+    and os.environ.get("CELERY_RESULT_BACKEND")
+):
+    raise ImproperlyConfigured(
+        "REDIS_CLUSTER=1 needs CACHE_REDIS_URL, CELERY_BROKER_URL and CELERY_RESULT_BACKEND "
+        "naming a Redis that is not a cluster"
+    )
 
 # Values are stored as JSON, never pickled: whoever can write to Redis could otherwise run
 # code in every process that reads the cache. A value JSON cannot hold is refused when set.
@@ -193,7 +206,7 @@ REDIS_URL = os.environ.get("REDIS_URL", "redis://127.0.0.1:6379/0")
 CACHES = {
     "default": {
         "BACKEND": "django_redis.cache.RedisCache",
-        "LOCATION": REDIS_URL,
+        "LOCATION": CACHE_REDIS_URL,
         "KEY_PREFIX": os.environ.get("CACHE_KEY_PREFIX", "chatsite"),
         "VERSION": 2,
         "OPTIONS": {

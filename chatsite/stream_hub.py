@@ -17,6 +17,14 @@ go with `Lagging`: its response ends and the client comes back with Last-Event-I
 still holds. A Redis failure ends every subscription with the error, the same way.
 
 There is one hub per event loop (`hub()`): an edge process runs one; tests run one per test.
+
+On a Redis Cluster a command may name keys of one slot only, so the hub there
+(`ClusterStreamHub`) is a set of lanes, one per slot tailed, each a `StreamHub` reading with
+its own connection to the node serving that slot. Streams share `STREAM_SHARDS` hash tags
+(`chatsite.redis.stream_tag`), so an edge process holds at most that many readers. A slot
+that moved (a resharding, a failover) fails its lane's read with a redirection: its
+subscribers end, their clients come back with Last-Event-ID, and the next subscription to the
+slot opens a lane on the node that serves it now.
 """
 
 from __future__ import annotations
@@ -27,15 +35,17 @@ import contextlib
 import logging
 import weakref
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from redis.asyncio import BlockingConnectionPool
 from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio import RedisCluster as AsyncRedisCluster
+from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
-from chatsite.redis import async_redis
+from chatsite.redis import async_redis, cluster_mode, node_redis, shared_async_redis
 
 logger = logging.getLogger(__name__)
 
@@ -137,9 +147,12 @@ def _position(subscription: Subscription) -> tuple[int, int]:
 
 
 class StreamHub:
-    """The multiplexed reader of one event loop (see the module's docstring)."""
+    """The multiplexed reader of one event loop (see the module's docstring); with `node`
+    (host, port), one lane of a `ClusterStreamHub`, reading from that cluster node."""
 
-    def __init__(self) -> None:
+    def __init__(self, node: tuple[str, int] | None = None) -> None:
+        self.node = node
+        self._control: AsyncRedis | None = None
         self._subscriptions: dict[str, set[Subscription]] = {}
         # Per tailed stream, its piece of the XREAD command: [name, position, position's].
         self._pieces: dict[str, list[Any]] = {}
@@ -165,6 +178,8 @@ class StreamHub:
         most `COMMAND_CONNECTIONS`; a command waits for a free one); its `aclose()` gives
         back what it holds and leaves the pool open. One client, not one per response: a
         redis-py client carries its own table of reply parsers, 13 KiB a stream."""
+        if self._commands is None and cluster_mode():
+            self._commands = shared_async_redis()
         if self._commands is None:
             self._pool = BlockingConnectionPool.from_url(
                 settings.REDIS_URL,
@@ -177,6 +192,16 @@ class StreamHub:
 
     def streams(self) -> int:
         return len(self._subscriptions)
+
+    @property
+    def control(self) -> AsyncRedis:
+        """What sends `CLIENT UNBLOCK` to the reader's node: `commands`, or a lane's own
+        client of its node."""
+        if self.node is None:
+            return self.commands
+        if self._control is None:
+            self._control = node_redis(*self.node, max_connections=2)
+        return self._control
 
     async def subscribe(self, stream: str, last_id: str) -> Subscription:
         """Entries of `stream` after `last_id` (an entry id) go to the subscription's queue."""
@@ -214,7 +239,7 @@ class StreamHub:
         started = self._round
         while self._blocked and self._round == started and self._reader_id is not None:
             try:
-                if await self.commands.client_unblock(self._reader_id):
+                if await self.control.client_unblock(self._reader_id):
                     return
             except RedisError:
                 return  # the reader fails too, and tells its subscribers
@@ -265,8 +290,12 @@ class StreamHub:
     async def _read_once(self) -> None:
         if self._reader is None:
             # Its blocking read must not outlast the socket's own timeout.
-            self._reader = async_redis(
-                single_connection_client=True, socket_timeout=BLOCK_MS / 1000 + 10
+            options: dict[str, Any] = {
+                "single_connection_client": True,
+                "socket_timeout": BLOCK_MS / 1000 + 10,
+            }
+            self._reader = (
+                node_redis(*self.node, **options) if self.node else async_redis(**options)
             )
             self._reader_id = int(await self._reader.client_id())
         furthest_back = {
@@ -367,15 +396,62 @@ def _entries(reply: Any) -> Any:
     return reply.items() if isinstance(reply, dict) else reply
 
 
-_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, StreamHub] = weakref.WeakKeyDictionary()
+class ClusterStreamHub:
+    """The hub of an event loop on a Redis Cluster: a lane per slot tailed (see the module's
+    docstring), and the cluster client for the responses' other commands."""
+
+    def __init__(self) -> None:
+        self._lanes: dict[int, StreamHub] = {}
+        self._lane_of: weakref.WeakKeyDictionary[Subscription, StreamHub] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._commands: AsyncRedis | None = None
+
+    @property
+    def commands(self) -> AsyncRedis:
+        """The loop's cluster client, shared by its responses (closing it closes nothing)."""
+        if self._commands is None:
+            self._commands = shared_async_redis()
+        return self._commands
+
+    def streams(self) -> int:
+        return sum(lane.streams() for lane in self._lanes.values())
+
+    async def subscribe(self, stream: str, last_id: str) -> Subscription:
+        """As `StreamHub.subscribe`, in the lane of the stream's slot."""
+        cluster = cast(AsyncRedisCluster, self.commands)
+        try:
+            await cluster.initialize()  # the slots' map, once
+        except RedisClusterException as exc:  # no node answers: an outage, as a plain one's
+            raise RedisConnectionError(str(exc)) from exc
+        slot = key_slot(stream.encode())
+        serving = cluster.nodes_manager.get_node_from_slot(slot)
+        node = (str(serving.host), int(serving.port))
+        lane = self._lanes.get(slot)
+        if lane is None or lane.node != node:
+            # A lane on a node that no longer serves the slot ends with its failed read.
+            lane = self._lanes[slot] = StreamHub(node)
+        subscription = await lane.subscribe(stream, last_id)
+        self._lane_of[subscription] = lane
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        lane = self._lane_of.pop(subscription, None)
+        if lane is not None:
+            lane.unsubscribe(subscription)
 
 
-def hub() -> StreamHub:
+Hub = StreamHub | ClusterStreamHub
+
+_hubs: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, Hub] = weakref.WeakKeyDictionary()
+
+
+def hub() -> Hub:
     """The running event loop's hub."""
     loop = asyncio.get_running_loop()
     found = _hubs.get(loop)
     if found is None:
-        found = _hubs[loop] = StreamHub()
+        found = _hubs[loop] = ClusterStreamHub() if cluster_mode() else StreamHub()
     return found
 
 

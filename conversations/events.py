@@ -1,6 +1,7 @@
 """Per-user events for open pages: a title written in the background, a conversation deleted.
 
-A Redis Stream per user (`events:<user id>`, capped and expiring), served as Server-Sent
+A Redis Stream per user (`<prefix>:events:{s<n>}:<user id>`, capped and expiring, under a
+stream tag as generations' streams are: `inference.queue`), served as Server-Sent
 Events by `GET /api/v1/events/stream` (conversations/api/events.py), so any edge process can
 serve any user and a reconnecting page gets what it missed with `Last-Event-ID`.
 """
@@ -12,12 +13,12 @@ from typing import Any
 
 from django.conf import settings
 
-from chatsite.redis import sync_redis
-from inference import queue
+from chatsite.redis import stream_tag, sync_redis
 
 
 def user_events_key(user_id: Any) -> str:
-    return queue.key("events", user_id)
+    tag = stream_tag(f"user-{user_id}")
+    return f"{settings.INFERENCE_REDIS_PREFIX}:events:{tag}:{user_id}"
 
 
 def user_event_publish(*, user_id: Any, event: str, data: dict[str, Any]) -> str:

@@ -1,7 +1,22 @@
 """The Redis side of the inference plane: queues, jobs, leases, affinity and streams.
 
 Every check-and-change that two processes could race on is one Lua script, so several
-scheduler replicas and edge processes can share one Redis without locks:
+scheduler replicas and edge processes can share one Redis without locks.
+
+Redis Cluster: a script runs on the node of its keys' slot and may touch only keys of that
+slot. So every key of the plane's coordination carries one hash tag, `{<prefix>}` (prefix:
+`INFERENCE_REDIS_PREFIX`), and lands in one slot: a script may name any of them (a job of
+one pool and the queue of another, every replica's `owned` set), and no replica needs a
+cross-slot step. Each script is passed every key it touches in KEYS; a key it finds in its
+data (the job of the id it pops from a queue) it builds on a key prefix passed in KEYS
+(`job_key("")`, say), which carries the tag and so names the slot. Coordination is small
+and constant per answer; the bulk of the traffic, the streams, is spread instead: each
+stream's tag is one of `chatsite.redis.STREAM_SHARDS` (`stream_tag`), so streams spread over
+the cluster's masters while an edge still reads all it tails with one XREAD per tag. The
+prefix index has a tag of its own (`{<prefix>:prefix}`, scheduler/prefix.py), billing's
+quota keys one per user (`{u<id>}`, billing/quota.py).
+
+The keys, all `{<prefix>}:...` unless said:
 
 - `q:<pool>:<tier>`  sorted set of queued generation ids, in the order they are served: scored
                      by their start tag in a fair queue between users (`ENQUEUE`)
@@ -15,14 +30,18 @@ scheduler replicas and edge processes can share one Redis without locks:
 - `lease-tokens:<worker>`, `prefill:<worker>`  hashes: per lease, the tokens it may hold in the
                      KV cache, and the prompt tokens it has yet to read
 - `placed:<worker>`  hash: the worker's rate of placements lately (`rate`/s as of `at` ms)
-- `{prefix}:<worker>` the blocks the worker's KV cache holds, as estimated (scheduler/prefix.py)
+- `{<prefix>:prefix}:<worker>` the blocks the worker's KV cache holds, as estimated
+                     (scheduler/prefix.py)
 - `aff:<conv>`       the worker that served the conversation's last turn
+- `rr:<pool>`        the pool's round-robin turn
 - `replica:<id>`     a live scheduler replica's heartbeat (lapses after the replica TTL)
 - `replicas`         sorted set of replica ids by the time of their last heartbeat (ms)
 - `owned:<replica>`  set of the generations a replica has claimed and not yet ended: what a
                      live replica adopts when that one stops beating (scheduler/adoption.py)
 - `metrics:<worker>` the worker's last load reading, for placement and the admin
-- `stream:<id>`      the generation's events (Redis Stream; the entry id is the SSE id)
+- `housekeeping`     which replica does the pool-wide chores this second
+- `<prefix>:stream:{s<n>}:<id>` the generation's events (Redis Stream; the entry id is the
+                     SSE id), under its stream tag
 - `watchers:<id>`    how many clients read the generation's stream now
 - `pages:<id>`       hash: of those, how many each page of the web chat holds (by the page's
                      own id), so that a page going away knows whether anyone else reads
@@ -30,7 +49,11 @@ scheduler replicas and edge processes can share one Redis without locks:
                      that follows it comes from the page being reloaded
 - `detached`         sorted set of the generations nobody reads, for housekeeping to cancel
                      after a grace unless a client comes back, scored by when to look at each
-- `wake`, `cancel`   pub/sub channels: new work, and cancels of running generations
+- `wake`, `cancel`   pub/sub channels: new work, and cancels of running generations (a
+                     cluster delivers them to subscribers on every node)
+
+Other apps keep single keys of their own under the same tag (`key`): titles' and summaries'
+pending marks, `/v1`'s unkept conversations.
 """
 
 from __future__ import annotations
@@ -45,6 +68,7 @@ from redis import Redis
 
 # The project's one client factory, re-exported for the callers that say `queue.sync_redis()`.
 from chatsite.redis import async_redis as async_redis
+from chatsite.redis import stream_tag
 from chatsite.redis import sync_redis as sync_redis
 
 JOB_TTL_SECONDS = 24 * 3600
@@ -52,7 +76,8 @@ LEASE_SECONDS = 30
 
 
 def key(*parts: object) -> str:
-    return ":".join([settings.INFERENCE_REDIS_PREFIX, *(str(p) for p in parts)])
+    """A key of the plane's coordination, under its one hash tag (see the docstring)."""
+    return ":".join(["{" + settings.INFERENCE_REDIS_PREFIX + "}", *(str(p) for p in parts)])
 
 
 def queue_key(pool: str, tier: str) -> str:
@@ -72,7 +97,8 @@ def job_key(generation_id: object) -> str:
 
 
 def stream_key(generation_id: object) -> str:
-    return key("stream", generation_id)
+    """A generation's stream: a tag of the streams', not the coordination's (see above)."""
+    return f"{settings.INFERENCE_REDIS_PREFIX}:stream:{stream_tag(generation_id)}:{generation_id}"
 
 
 def lease_key(worker_id: object) -> str:
@@ -192,10 +218,10 @@ return 1
 # The overload policy's fallback: move what waited since before a deadline (ARGV[1]) from a
 # pool's queue (KEYS[1], its enqueue times KEYS[2]) to its fallback pool's (KEYS[3..5]: queue,
 # enqueue times, fair-queue state), atomically, at most 100 a call. Only jobs that allow it
-# (`may_fall_back`) and whose prompt and answer fit the fallback's context window (ARGV[6])
-# move. The job (ARGV[2] .. id) learns its new pool (ARGV[3]) and why (ARGV[4]); it keeps its
-# enqueue time, so the queue time limit still counts from the send. ARGV[5]: the fair-queue
-# state's TTL. Returns the ids moved.
+# (`may_fall_back`) and whose prompt and answer fit the fallback's context window (ARGV[5])
+# move. The job (KEYS[6], the job keys' prefix, .. id) learns its new pool (ARGV[2]) and why
+# (ARGV[3]); it keeps its enqueue time, so the queue time limit still counts from the send.
+# ARGV[4]: the fair-queue state's TTL. Returns the ids moved.
 MOVE_TO_FALLBACK = (
     _FAIR_ADD
     + """
@@ -203,18 +229,18 @@ local moved = {}
 local ids = redis.call('ZRANGEBYSCORE', KEYS[2], '-inf', ARGV[1], 'LIMIT', 0, 1000)
 for _, id in ipairs(ids) do
   if #moved >= 100 then break end
-  local job = ARGV[2] .. id
+  local job = KEYS[6] .. id
   local f = redis.call(
     'HMGET', job, 'user_id', 'prompt_tokens', 'max_tokens', 'enqueued_ms', 'may_fall_back')
   local tokens = (tonumber(f[2]) or 0) + (tonumber(f[3]) or 0)
   if redis.call('ZSCORE', KEYS[1], id) == false then
     redis.call('ZREM', KEYS[2], id)
-  elseif f[5] == '1' and tokens <= tonumber(ARGV[6]) then
+  elseif f[5] == '1' and tokens <= tonumber(ARGV[5]) then
     redis.call('ZREM', KEYS[1], id)
     redis.call('ZREM', KEYS[2], id)
-    redis.call('HSET', job, 'pool', ARGV[3], 'route', ARGV[4])
+    redis.call('HSET', job, 'pool', ARGV[2], 'route', ARGV[3])
     fair_add(KEYS[3], KEYS[4], KEYS[5], id, f[1] or '0', math.max(1, tokens),
-             f[4] or ARGV[1], ARGV[5])
+             f[4] or ARGV[1], ARGV[4])
     moved[#moved + 1] = id
   end
 end
@@ -223,13 +249,15 @@ return moved
 )
 
 # Claim the next generation of the best non-empty tier that has room (KEYS: each such tier's
-# queue, enqueue times and fair-queue state, in threes). ZPOPMIN is what makes a generation
-# go to exactly one replica. ARGV: the job keys' prefix, the replica, now, and the replica's
-# `owned` set, which learns the claim in the same step: a replica that dies right after it
-# leaves nothing unowned for its adopter to miss. Returns its id, its queue, its score (to
-# put it back in the same place) and its job's fields (a flat list of names and values).
+# queue, enqueue times and fair-queue state, in threes, then the job keys' prefix and the
+# replica's `owned` set: `claim_keys`). ZPOPMIN is what makes a generation go to exactly one
+# replica. The `owned` set learns the claim in the same step: a replica that dies right after
+# it leaves nothing unowned for its adopter to miss. ARGV: the replica, now. Returns its id,
+# its queue, its score (to put it back in the same place) and its job's fields (a flat list
+# of names and values).
 CLAIM = """
-for i = 1, #KEYS, 3 do
+local jobs, owned = KEYS[#KEYS - 1], KEYS[#KEYS]
+for i = 1, #KEYS - 2, 3 do
   local popped = redis.call('ZPOPMIN', KEYS[i])
   if #popped > 0 then
     local id = popped[1]
@@ -239,12 +267,10 @@ for i = 1, #KEYS, 3 do
     else
       redis.call('HSET', KEYS[i + 2], 'V', math.floor(tonumber(popped[2])))
     end
-    local job = ARGV[1] .. id
+    local job = jobs .. id
     if redis.call('EXISTS', job) == 1 then
-      redis.call('HSET', job, 'owner', ARGV[2], 'claimed_ms', ARGV[3])
-      if ARGV[4] then
-        redis.call('SADD', ARGV[4], id)
-      end
+      redis.call('HSET', job, 'owner', ARGV[1], 'claimed_ms', ARGV[2])
+      redis.call('SADD', owned, id)
       return {id, KEYS[i], popped[2], redis.call('HGETALL', job)}
     end
   end
@@ -356,9 +382,11 @@ return 1
 """
 LEAVE_CANCEL = 2
 
-# Housekeeping's look at the generations nobody watches (KEYS[1]: the detached set; ARGV: now,
-# the short grace (left before its first token, or its page went away) and the long grace
-# (left after it), in ms, the key prefix, and how many to look at at most). Each is decided
+# Housekeeping's look at the generations nobody watches (KEYS: the detached set, then the
+# prefixes of the jobs', the watchers', the queues' and the enqueue times' keys:
+# `abandoned_keys`; ARGV: now, the short grace (left before its first token, or its page went
+# away) and the long grace (left after it), in ms, and how many to look at at most). Each is
+# decided
 # in one step with its watchers count, so a client that came back is never cancelled and a
 # claim never races the unqueue:
 # - a client came back, or the job is gone (finished): forgotten;
@@ -374,13 +402,13 @@ ABANDONED = """
 local now, short, long = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
 local shortest = math.min(short, long)
 local queued, running = {}, {}
-local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - shortest, 'LIMIT', 0, ARGV[5])
+local ids = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now - shortest, 'LIMIT', 0, ARGV[4])
 for _, id in ipairs(ids) do
-  local job = ARGV[4] .. 'job:' .. id
+  local job = KEYS[2] .. id
   local f = redis.call(
     'HMGET', job, 'detached_ms', 'first_token_ms', 'leaving', 'owner', 'pool', 'tier')
   local since = tonumber(f[1])
-  local watchers = tonumber(redis.call('GET', ARGV[4] .. 'watchers:' .. id) or '0')
+  local watchers = tonumber(redis.call('GET', KEYS[3] .. id) or '0')
   if not since or watchers > 0 then
     redis.call('ZREM', KEYS[1], id)
   else
@@ -396,8 +424,8 @@ for _, id in ipairs(ids) do
       redis.call('ZREM', KEYS[1], id)
       if f[5] and f[6] then
         local tier = f[5] .. ':' .. f[6]
-        if redis.call('ZREM', ARGV[4] .. 'q:' .. tier, id) == 1 then
-          redis.call('ZREM', ARGV[4] .. 'qt:' .. tier, id)
+        if redis.call('ZREM', KEYS[4] .. tier, id) == 1 then
+          redis.call('ZREM', KEYS[5] .. tier, id)
           queued[#queued + 1] = id
         end
       end
@@ -502,13 +530,22 @@ class Job:
         )
 
 
-def claim_keys(pool: str, tiers: list[str]) -> list[str]:
-    """The keys `CLAIM` takes to claim from `tiers` of `pool`, best first."""
+def claim_keys(pool: str, tiers: list[str], replica_id: str) -> list[str]:
+    """The keys `CLAIM` takes for `replica_id` to claim from `tiers` of `pool`, best first."""
     return [
-        key
-        for tier in tiers
-        for key in (queue_key(pool, tier), queued_at_key(pool, tier), fair_key(pool, tier))
+        *(
+            key
+            for tier in tiers
+            for key in (queue_key(pool, tier), queued_at_key(pool, tier), fair_key(pool, tier))
+        ),
+        job_key(""),
+        owned_key(replica_id),
     ]
+
+
+def abandoned_keys() -> list[str]:
+    """The keys `ABANDONED` takes: the detached set and the prefixes of the keys it finds."""
+    return [detached_key(), job_key(""), watchers_key(""), key("q", ""), key("qt", "")]
 
 
 def expire_keys(pool: str, tiers: list[str]) -> list[str]:
@@ -525,6 +562,7 @@ def fallback_keys(pool: str, tier: str, fallback: str) -> list[str]:
         queue_key(fallback, tier),
         queued_at_key(fallback, tier),
         fair_key(fallback, tier),
+        job_key(""),
     ]
 
 

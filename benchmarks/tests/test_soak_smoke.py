@@ -57,7 +57,9 @@ def test_the_soak_benchmark_samples_every_process_and_counts_the_keys(tmp_path: 
         "edge-0", "edge-1", "scheduler-0", "scheduler-1", "worker-0", "worker-1", "celery"
     }, report  # fmt: skip
     assert len(re.findall(r"^key pattern\s+keys\s+no TTL\s+max TTL s\s+verdict", report, re.M)) == 2
-    assert re.search(r"^cs:stream:<uuid>\s+\d+\s+0\s+[\d,]+\s+expires", report, re.M), report
+    assert re.search(r"^cs:stream:\{s<n>\}:<uuid>\s+\d+\s+0\s+[\d,]+\s+expires", report, re.M), (
+        report
+    )
     assert len(re.findall(r"^leaks: ", report, re.M)) == 2, report
 
     saved = json.loads(next(tmp_path.glob("soak-*.json")).read_text())

@@ -1,6 +1,6 @@
 """Settings that stop every process at start when wrong (chatsite/settings.py): without its
 own key for plugin secrets the service does not run unless DEBUG, and a proxy's TLS header
-must name a request.META key."""
+must name a request.META key; on a Redis Cluster, the cache and Celery need a plain Redis."""
 
 from __future__ import annotations
 
@@ -51,3 +51,21 @@ def test_a_proxy_header_given_as_an_http_header_name_is_refused() -> None:
     assert "SECURE_PROXY_SSL_HEADER names a request.META key" in refused.stderr
     accepted = start(**base, SECURE_PROXY_SSL_HEADER="HTTP_X_FORWARDED_PROTO")
     assert accepted.returncode == 0, accepted.stderr
+
+
+def test_on_a_redis_cluster_the_cache_and_celery_must_name_a_plain_redis() -> None:
+    base = {
+        "SECRET_KEY": "a secret",
+        "DEBUG": "0",
+        "PLUGINS_ENCRYPTION_KEY": "a plugins key",
+        "REDIS_URL": "redis://10.0.0.5:7000",
+        "REDIS_CLUSTER": "1",
+    }
+    refused = start(**base, CELERY_BROKER_URL="redis://10.0.0.9/1")
+    assert refused.returncode != 0
+    assert "ImproperlyConfigured: REDIS_CLUSTER=1 needs CACHE_REDIS_URL" in refused.stderr
+    plain = "redis://10.0.0.9:6379/1"
+    names = ("CACHE_REDIS_URL", "CELERY_BROKER_URL", "CELERY_RESULT_BACKEND")
+    started = start(**base, **dict.fromkeys(names, plain))
+    assert started.returncode == 0, started.stderr
+    assert "started" in started.stdout

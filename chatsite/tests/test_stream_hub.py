@@ -1,6 +1,7 @@
 """The multiplexed reader: one connection reads every tailed stream, each subscriber gets
 exactly the entries after its own position, a new stream is read at once, and a subscriber
-far behind is let go rather than held in memory."""
+far behind is let go rather than held in memory. The streams share a hash tag, as the
+service's streams share theirs: on a Redis Cluster (`--redis-cluster`) one reader serves them."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import pytest
 from redis.asyncio import Redis as AsyncRedis
 
 from chatsite import sse, stream_hub
-from chatsite.redis import async_redis
+from chatsite.redis import async_redis, node_redis
 from chatsite.stream_events import StreamEvent, entry_fields
 
 
@@ -41,16 +42,44 @@ async def connections(redis: AsyncRedis) -> int:
     return len(await redis.client_list())
 
 
+def reading_hub() -> stream_hub.StreamHub:
+    """What reads the `{hub}` streams: the hub, or on a cluster its one lane."""
+    found = stream_hub.hub()
+    if isinstance(found, stream_hub.ClusterStreamHub):
+        (lane,) = found._lanes.values()
+        return lane
+    return found
+
+
+@contextlib.asynccontextmanager
+async def reader_node(redis: AsyncRedis) -> AsyncIterator[AsyncRedis]:
+    """A client of the node the `{hub}` streams are read from (`redis` itself off a cluster)."""
+    node = reading_hub().node
+    if node is None:
+        yield redis
+        return
+    client = node_redis(*node)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def client_ids(redis: AsyncRedis) -> set[str]:
+    async with reader_node(redis) as node:
+        return {str(c["id"]) for c in await node.client_list()}
+
+
 async def test_many_streams_share_one_reading_connection(redis: AsyncRedis) -> None:
-    await add(redis, "hub:warm", "w")
-    warm = sse.read("hub:warm", "0-0", until=())
+    await add(redis, "{hub}:warm", "w")
+    warm = sse.read("{hub}:warm", "0-0", until=())
     assert await texts(warm, 1) == ["w"]
     before = await connections(redis)
-    readers = [sse.read(f"hub:{index}", "0-0", until=()) for index in range(50)]
+    readers = [sse.read(f"{{hub}}:{index}", "0-0", until=()) for index in range(50)]
     waiting = [asyncio.ensure_future(texts(reader, 1)) for reader in readers]
     await asyncio.sleep(0.2)
     for index in range(50):
-        await add(redis, f"hub:{index}", str(index))
+        await add(redis, f"{{hub}}:{index}", str(index))
     done = await asyncio.wait_for(asyncio.gather(*waiting), timeout=10)
     assert done == [[str(index)] for index in range(50)]
     # The hub's reader and its command pool, not a connection per stream.
@@ -66,11 +95,11 @@ async def test_a_new_stream_is_read_without_waiting_out_the_current_read(
 ) -> None:
     # A read that nothing interrupts would wait a minute; the new subscription cuts it short.
     monkeypatch.setattr(stream_hub, "BLOCK_MS", 60_000)
-    first = sse.read("hub:first", "0-0", until=())
+    first = sse.read("{hub}:first", "0-0", until=())
     pending = asyncio.ensure_future(anext(first))
     await asyncio.sleep(0.3)  # the hub is now blocked reading only hub:first
-    await add(redis, "hub:second", "now")
-    second = sse.read("hub:second", "0-0", until=())
+    await add(redis, "{hub}:second", "now")
+    second = sse.read("{hub}:second", "0-0", until=())
     assert await texts(second, 1) == ["now"]
     pending.cancel()
     with contextlib.suppress(asyncio.CancelledError):
@@ -82,13 +111,13 @@ async def test_a_new_stream_is_read_without_waiting_out_the_current_read(
 async def test_subscribers_of_one_stream_each_get_what_follows_their_position(
     redis: AsyncRedis,
 ) -> None:
-    a = await add(redis, "hub:shared", "a")
-    await add(redis, "hub:shared", "b")
-    ahead = sse.read("hub:shared", a, until=())
+    a = await add(redis, "{hub}:shared", "a")
+    await add(redis, "{hub}:shared", "b")
+    ahead = sse.read("{hub}:shared", a, until=())
     assert await texts(ahead, 1) == ["b"]
-    behind = sse.read("hub:shared", "0-0", until=())
+    behind = sse.read("{hub}:shared", "0-0", until=())
     assert await texts(behind, 2) == ["a", "b"]
-    await add(redis, "hub:shared", "c")
+    await add(redis, "{hub}:shared", "c")
     assert await texts(ahead, 1) == ["c"]
     assert await texts(behind, 1) == ["c"]
     await ahead.aclose()
@@ -100,8 +129,8 @@ async def test_a_subscriber_far_behind_is_let_go(
 ) -> None:
     monkeypatch.setattr(stream_hub, "MAX_BACKLOG", 3)
     for index in range(10):
-        await add(redis, "hub:fast", str(index))
-    subscription = await stream_hub.hub().subscribe("hub:fast", "0-0")
+        await add(redis, "{hub}:fast", str(index))
+    subscription = await stream_hub.hub().subscribe("{hub}:fast", "0-0")
     entries = stream_hub.stream_entries(subscription, idle_seconds=5)
     with pytest.raises(stream_hub.Lagging):
         async for _ in entries:
@@ -112,12 +141,12 @@ async def test_a_subscriber_far_behind_is_let_go(
 async def test_a_subscription_made_while_the_last_reader_closes_is_read(
     redis: AsyncRedis,
 ) -> None:
-    await add(redis, "hub:once", "x")
-    once = sse.read("hub:once", "0-0", until=())
+    await add(redis, "{hub}:once", "x")
+    once = sse.read("{hub}:once", "0-0", until=())
     assert await texts(once, 1) == ["x"]
     await once.aclose()  # the hub has nobody left and winds down
-    await add(redis, "hub:again", "y")
-    again = sse.read("hub:again", "0-0", until=())
+    await add(redis, "{hub}:again", "y")
+    again = sse.read("{hub}:again", "0-0", until=())
     assert await texts(again, 1) == ["y"]
     await again.aclose()
 
@@ -131,15 +160,15 @@ async def test_a_subscriber_from_further_back_misses_nothing_the_current_read_re
     # The current read is not cut short: it returns entry 5, read from after entry 4, while
     # the resumed subscriber still needs 2, 3 and 4 first.
     monkeypatch.setattr(stream_hub.StreamHub, "_wake", no_wake)
-    ids = [await add(redis, "hub:resume", str(index)) for index in range(5)]
-    live = sse.read("hub:resume", ids[-1], until=())
+    ids = [await add(redis, "{hub}:resume", str(index)) for index in range(5)]
+    live = sse.read("{hub}:resume", ids[-1], until=())
     pending = asyncio.ensure_future(texts(live, 1))
     await asyncio.sleep(0.3)  # reading hub:resume after entry 4
     # A client comes back from entry 1 while that read waits, then entry 5 arrives.
-    resumed = sse.read("hub:resume", ids[1], until=())
+    resumed = sse.read("{hub}:resume", ids[1], until=())
     first = asyncio.ensure_future(texts(resumed, 4))
     await asyncio.sleep(0)
-    await add(redis, "hub:resume", "5")
+    await add(redis, "{hub}:resume", "5")
     assert await asyncio.wait_for(first, timeout=10) == ["2", "3", "4", "5"]
     assert await asyncio.wait_for(pending, timeout=10) == ["5"]
     await live.aclose()
@@ -147,34 +176,35 @@ async def test_a_subscriber_from_further_back_misses_nothing_the_current_read_re
 
 
 async def test_the_reader_outlives_its_last_stream_and_reads_the_next(redis: AsyncRedis) -> None:
-    await add(redis, "hub:before", "x")
-    before = sse.read("hub:before", "0-0", until=())
+    await add(redis, "{hub}:before", "x")
+    before = sse.read("{hub}:before", "0-0", until=())
     assert await texts(before, 1) == ["x"]
-    reader_id = stream_hub.hub()._reader_id
+    reader_id = reading_hub()._reader_id
     await before.aclose()
     await asyncio.sleep(0.1)  # the hub has nobody left: its run ends, the connection stays
-    assert reader_id is not None and str(reader_id) in {c["id"] for c in await redis.client_list()}
-    await add(redis, "hub:after", "y")
-    after = sse.read("hub:after", "0-0", until=())
+    assert reader_id is not None and str(reader_id) in await client_ids(redis)
+    await add(redis, "{hub}:after", "y")
+    after = sse.read("{hub}:after", "0-0", until=())
     assert await texts(after, 1) == ["y"]
-    assert stream_hub.hub()._reader_id == reader_id
+    assert reading_hub()._reader_id == reader_id
     await after.aclose()
 
 
 async def test_a_kept_reader_closed_meanwhile_is_replaced_and_nothing_is_lost(
     redis: AsyncRedis,
 ) -> None:
-    await add(redis, "hub:first", "x")
-    first = sse.read("hub:first", "0-0", until=())
+    await add(redis, "{hub}:first", "x")
+    first = sse.read("{hub}:first", "0-0", until=())
     assert await texts(first, 1) == ["x"]
     await first.aclose()
     await asyncio.sleep(0.1)
-    reader_id = stream_hub.hub()._reader_id
-    await redis.client_kill_filter(_id=str(reader_id))  # as a restarted Redis or a proxy would
-    await add(redis, "hub:second", "y")
-    second = sse.read("hub:second", "0-0", until=())
+    reader_id = reading_hub()._reader_id
+    async with reader_node(redis) as node:  # as a restarted Redis or a proxy would
+        await node.client_kill_filter(_id=str(reader_id))
+    await add(redis, "{hub}:second", "y")
+    second = sse.read("{hub}:second", "0-0", until=())
     assert await texts(second, 1) == ["y"]  # no error reached the subscriber
-    assert stream_hub.hub()._reader_id not in (None, reader_id)
+    assert reading_hub()._reader_id not in (None, reader_id)
     await second.aclose()
 
 
@@ -182,14 +212,14 @@ async def test_an_idle_reader_is_closed_after_a_while(
     redis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setattr(stream_hub, "READER_LINGER_SECONDS", 0.2)
-    await add(redis, "hub:brief", "x")
-    brief = sse.read("hub:brief", "0-0", until=())
+    await add(redis, "{hub}:brief", "x")
+    brief = sse.read("{hub}:brief", "0-0", until=())
     assert await texts(brief, 1) == ["x"]
-    reader_id = stream_hub.hub()._reader_id
+    reader_id = reading_hub()._reader_id
     await brief.aclose()
     await asyncio.sleep(0.6)
-    assert stream_hub.hub()._reader_id is None
-    assert str(reader_id) not in {c["id"] for c in await redis.client_list()}
+    assert reading_hub()._reader_id is None
+    assert str(reader_id) not in await client_ids(redis)
 
 
 async def test_a_mailbox_hands_on_entries_in_order_and_times_out_when_idle() -> None:

@@ -39,8 +39,8 @@ from ..models import Generation
 logger = logging.getLogger(__name__)
 
 # Adopt the generations of a replica that stopped beating (KEYS: its owned set, the
-# adopter's, the replicas' beats, the dead one's heartbeat key. ARGV: the dead replica, the
-# adopter, the job keys' prefix, the beat time before which a replica is dead, at most how
+# adopter's, the replicas' beats, the dead one's heartbeat key, the job keys' prefix. ARGV:
+# the dead replica, the adopter, the beat time before which a replica is dead, at most how
 # many). Nothing if it beats again meanwhile; each job only while it is still the dead
 # one's. Returns each adopted id with its job's fields; the dead replica leaves `replicas`
 # once it owns nothing.
@@ -49,13 +49,13 @@ if redis.call('EXISTS', KEYS[4]) == 1 then
   return {}
 end
 local beat = redis.call('ZSCORE', KEYS[3], ARGV[1])
-if beat and tonumber(beat) > tonumber(ARGV[4]) then
+if beat and tonumber(beat) > tonumber(ARGV[3]) then
   return {}
 end
 local adopted = {}
-for _, id in ipairs(redis.call('SRANDMEMBER', KEYS[1], tonumber(ARGV[5]))) do
+for _, id in ipairs(redis.call('SRANDMEMBER', KEYS[1], tonumber(ARGV[4]))) do
   redis.call('SREM', KEYS[1], id)
-  local job = ARGV[3] .. id
+  local job = KEYS[5] .. id
   if redis.call('HGET', job, 'owner') == ARGV[1] then
     redis.call('HSET', job, 'owner', ARGV[2], 'adopted_from', ARGV[1])
     redis.call('SADD', KEYS[2], id)
@@ -140,14 +140,14 @@ class Liveness:
         for dead in await self.dead_replicas():
             adopted = await self.redis.eval(
                 ADOPT,
-                4,
+                5,
                 queue.owned_key(dead),
                 queue.owned_key(self.replica_id),
                 queue.replicas_key(),
                 queue.replica_key(dead),
+                queue.job_key(""),
                 dead,
                 self.replica_id,
-                queue.job_key(""),
                 str(queue.now_ms() - int(self.ttl * 1000)),
                 str(ADOPT_AT_MOST),
             )

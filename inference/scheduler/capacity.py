@@ -94,6 +94,17 @@ redis.call('PEXPIRE', KEYS[4], math.floor(tau * 20))
 return 1
 """
 
+# Give a lease back (KEYS: the leases, their tokens, their prompt tokens to read; ARGV: the
+# generation id, the wake channel) and wake the replicas, in one round trip: a script, since
+# redis-py's cluster pipelines refuse PUBLISH.
+RELEASE_LEASE = """
+redis.call('ZREM', KEYS[1], ARGV[1])
+redis.call('HDEL', KEYS[2], ARGV[1])
+redis.call('HDEL', KEYS[3], ARGV[1])
+redis.call('PUBLISH', ARGV[2], 'released')
+return 1
+"""
+
 
 @dataclass
 class WorkerView:
@@ -406,14 +417,17 @@ class Capacity:
         if worker_id is None:
             return
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.zrem(queue.lease_key(worker_id), generation_id)
-                pipe.hdel(queue.lease_tokens_key(worker_id), generation_id)
-                pipe.hdel(queue.prefill_key(worker_id), generation_id)
-                # Room on a worker: the other replicas look for work now, not at their next
-                # poll (this one is woken by its own run's end).
-                pipe.publish(queue.wake_channel(), "released")
-                await pipe.execute()
+            # Room on a worker: the other replicas look for work now, not at their next
+            # poll (this one is woken by its own run's end).
+            await self.redis.eval(
+                RELEASE_LEASE,
+                3,
+                queue.lease_key(worker_id),
+                queue.lease_tokens_key(worker_id),
+                queue.prefill_key(worker_id),
+                generation_id,
+                queue.wake_channel(),
+            )
         except Exception:  # Redis is away: the lease, no longer renewed, lapses by itself
             logger.warning("could not release the lease of %s", generation_id)
 

@@ -91,14 +91,14 @@ class Housekeeping:
         long = int(settings.STREAM_GRACE_SECONDS * 1000)
         looked = ABANDONED_BATCH
         while looked == ABANDONED_BATCH:  # a full batch: more may be due
+            keys = queue.abandoned_keys()
             queued, running, looked = await self.redis.eval(
                 queue.ABANDONED,
-                1,
-                queue.detached_key(),
+                len(keys),
+                *keys,
                 str(queue.now_ms()),
                 str(short),
                 str(long),
-                queue.key(""),
                 str(ABANDONED_BATCH),
             )
             for generation_id in running:
@@ -150,7 +150,6 @@ class Housekeeping:
                     len(keys),
                     *keys,
                     str(deadline),
-                    queue.job_key(""),
                     fallback.name,
                     Generation.RouteReason.HIGH_DEMAND,
                     str(queue.JOB_TTL_SECONDS),

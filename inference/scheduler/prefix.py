@@ -25,7 +25,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import prompts, queue
+from django.conf import settings
+
+from .. import prompts
 
 logger = logging.getLogger(__name__)
 
@@ -72,8 +74,9 @@ return 1
 
 
 def index_key(worker_id: object) -> str:
-    """A worker's block set; the `{...}` hash tag keeps every worker's set in one slot."""
-    return "{" + queue.key("prefix") + "}:" + str(worker_id)
+    """A worker's block set; the `{...}` hash tag keeps every worker's set in one slot (its
+    own, not the coordination's: the index is the plane's largest structure)."""
+    return "{" + settings.INFERENCE_REDIS_PREFIX + ":prefix}:" + str(worker_id)
 
 
 def block_hashes(token_ids: Sequence[int], block_size: int) -> list[str]:

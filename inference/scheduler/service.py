@@ -31,7 +31,7 @@ from typing import Any, NamedTuple
 from asgiref.sync import sync_to_async
 from django.conf import settings
 
-from chatsite.redis import REDIS_FAULTS, async_redis
+from chatsite.redis import REDIS_FAULTS, async_pubsub, async_redis
 
 from .. import metrics, queue, services
 from ..client import OpenAICompatibleClient, WorkerLoad, get_client
@@ -348,15 +348,9 @@ class Scheduler:
             ]
             if not tiers:
                 continue
-            keys = queue.claim_keys(pool, tiers)
+            keys = queue.claim_keys(pool, tiers, self.replica_id)
             claimed = await self.redis.eval(
-                queue.CLAIM,
-                len(keys),
-                *keys,
-                queue.job_key(""),
-                self.replica_id,
-                str(queue.now_ms()),
-                queue.owned_key(self.replica_id),
+                queue.CLAIM, len(keys), *keys, self.replica_id, str(queue.now_ms())
             )
             if not claimed:
                 continue
@@ -415,7 +409,7 @@ class Scheduler:
                 await asyncio.sleep(1.0)
 
     async def _listen(self) -> None:
-        pubsub = self.redis.pubsub()
+        pubsub = await async_pubsub(self.redis)
         await pubsub.subscribe(queue.wake_channel(), queue.cancel_channel())
         try:
             while not self._stopping.is_set():

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from chatsite.redis import async_redis
+from chatsite.redis import async_pubsub, async_redis
 from inference import queue
 from inference.client import WorkerLoad, parse_metrics
 from inference.models import Worker
@@ -111,7 +111,7 @@ async def test_a_released_lease_wakes_every_replica(capacity: Capacity) -> None:
     worker = view(capacity_tokens=1000)
     assert await capacity.acquire(on(worker), "a", tokens=10)
     listener = async_redis()
-    pubsub = listener.pubsub()
+    pubsub = await async_pubsub(listener)
     await pubsub.subscribe(queue.wake_channel())
     try:
         assert await pubsub.get_message(timeout=2) is not None  # the subscription itself

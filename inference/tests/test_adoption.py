@@ -91,10 +91,8 @@ def victim_scheduler(tmp_path: Path) -> Iterator[Any]:
 
 def _claim_as(replica: str, pool: str, tier: str = "free") -> str:
     redis = sync_redis()
-    keys = queue.claim_keys(pool, [tier])
-    claimed = redis.eval(
-        queue.CLAIM, len(keys), *keys, queue.job_key(""), replica, "0", queue.owned_key(replica)
-    )
+    keys = queue.claim_keys(pool, [tier], replica)
+    claimed = redis.eval(queue.CLAIM, len(keys), *keys, replica, "0")
     assert claimed
     return str(claimed[0])
 

@@ -50,8 +50,8 @@ def queue_priority(tier: str) -> int:
 
 
 def claim(redis: Any, tiers: list[str] | None = None) -> list[Any] | None:
-    keys = queue.claim_keys(POOL, tiers or queue.tiers_best_first())
-    return redis.eval(queue.CLAIM, len(keys), *keys, queue.job_key(""), "replica", "0")
+    keys = queue.claim_keys(POOL, tiers or queue.tiers_best_first(), "replica")
+    return redis.eval(queue.CLAIM, len(keys), *keys, "replica", "0")
 
 
 def claim_all(redis: Any) -> list[str]:

@@ -148,7 +148,6 @@ def test_a_moved_answer_is_cancelled_from_the_fallbacks_queue(user: User) -> Non
         len(keys),
         *keys,
         str(queue.now_ms()),
-        queue.job_key(""),
         small.name,
         "high_demand",
         "60",
@@ -170,7 +169,7 @@ def test_a_prompt_too_long_for_the_fallback_stays(user: User) -> None:
     tier = turn.generation.tier
     keys = queue.fallback_keys(big.name, tier, small.name)
     window = "10"  # fewer tokens than the prompt and answer take
-    args = [str(queue.now_ms()), queue.job_key(""), small.name, "high_demand", "60", window]
+    args = [str(queue.now_ms()), small.name, "high_demand", "60", window]
     assert redis.eval(queue.MOVE_TO_FALLBACK, len(keys), *keys, *args) == []
     assert redis.zscore(queue.queue_key(big.name, tier), str(turn.generation.id)) is not None
 
