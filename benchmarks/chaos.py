@@ -63,7 +63,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -255,6 +255,12 @@ async def inject(
     return f"pg_ctl stop -m {mode}, started again after {down:.1f} s", None
 
 
+# A phase's fault: (phase, stack, args, worker ids, edges) -> (what was done, how to undo it).
+Inject = Callable[
+    [str, Stack, argparse.Namespace, dict[str, int], Edges], Awaitable[tuple[str, Any]]
+]
+
+
 def recover(stack: Stack, undo: Any) -> str:
     """Start again what the fault killed; returns how long that took."""
     if undo is None:
@@ -345,6 +351,7 @@ async def run_phase(
     worker_ids: dict[str, int],
     users: list[tuple[int, str]],
     tag: str,
+    inject: Inject = inject,
 ) -> tuple[PhaseResult, Any]:
     result = PhaseResult(phase)
     offsets = {p.name: log_lines(p, 0)[0] for p in _all(stack)}
@@ -422,7 +429,12 @@ async def run(
     worker_ids: dict[str, int],
     users: list[tuple[int, str]],
     tag: str,
+    *,
+    inject: Inject = inject,
+    recover: Callable[[Stack, Any], str] = recover,
 ) -> list[PhaseResult]:
+    """The phases of `args.phase_list` in turn: `inject` makes each one's fault, `recover`
+    undoes it once the phase's answers are over (chaos' own by default)."""
     results = []
     for phase in args.phase_list:
         if phase == "worker" and stack.config.workers == "urls":
@@ -430,7 +442,7 @@ async def run(
             continue
         print(f"phase {phase}", flush=True)
         try:
-            result, undo = await run_phase(phase, stack, args, worker_ids, users, tag)
+            result, undo = await run_phase(phase, stack, args, worker_ids, users, tag, inject)
         except Exception as exc:
             results.append(PhaseResult(phase, error=f"{type(exc).__name__}: {exc}"))
             break
@@ -548,13 +560,19 @@ def report(args: argparse.Namespace, stack: Stack, results: Sequence[PhaseResult
         f"{args.deadline:.0f} s per answer",
         "",
     ]
+    return "\n".join([*header, table(results), "", *details(results)])
+
+
+def details(results: Sequence[PhaseResult]) -> list[str]:
+    """The lines below the table: each phase's fault, the answers that did not complete,
+    processes that exited unasked, and what the processes logged."""
     faults = ["faults:"]
     for result in results:
         at = f" at +{result.fault_at_s:.1f} s" if result.fault_at_s is not None else ""
         recovery = f"; {result.recovery}" if result.recovery else ""
         error = f"; ERROR {result.error}" if result.error else ""
         faults.append(f"  {result.phase:9} {result.fault}{at}{recovery}{error}")
-    parts = [*header, table(results), "", *faults]
+    parts = faults
     unfinished = failures(results)
     parts += ["", "answers that did not complete:" if unfinished else "every answer completed"]
     parts += unfinished
@@ -569,7 +587,7 @@ def report(args: argparse.Namespace, stack: Stack, results: Sequence[PhaseResult
     ]
     parts += ["", "warnings and errors the processes logged, per phase (first of each kind):"]
     parts += logged or ["  none"]
-    return "\n".join(parts)
+    return parts
 
 
 def as_json(args: argparse.Namespace, results: Sequence[PhaseResult]) -> dict[str, Any]:
@@ -596,9 +614,9 @@ def as_json(args: argparse.Namespace, results: Sequence[PhaseResult]) -> dict[st
     }
 
 
-def save(args: argparse.Namespace, text: str, data: dict[str, Any]) -> Path:
+def save(args: argparse.Namespace, text: str, data: dict[str, Any], name: str = "chaos") -> Path:
     args.results.mkdir(parents=True, exist_ok=True)
-    stem = args.results / f"chaos-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    stem = args.results / f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     stem.with_suffix(".txt").write_text(text + "\n")
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     return stem.with_suffix(".txt")
