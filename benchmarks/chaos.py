@@ -622,6 +622,25 @@ def save(args: argparse.Namespace, text: str, data: dict[str, Any], name: str = 
     return stem.with_suffix(".txt")
 
 
+def bring_up(
+    stack: Stack, args: argparse.Namespace, users_prefix: str
+) -> tuple[dict[str, int], list[tuple[int, str]]]:
+    """The stores, the migrations, the workers in the default pool, the clients' users, then
+    the replicas and edges; returns each worker URL's id and the users (id, API key)."""
+    stack.start_stores()
+    stack.migrate()
+    stack.django()
+    urls = stack.start_workers()
+    worker_ids = dict(prepare_fleet(urls, stack.served_model(), args.max_tokens))
+    users = make_users(args.clients + args.v1_clients, users_prefix)
+    from django.db import connections
+
+    connections.close_all()
+    stack.start_service()
+    print("stack up", flush=True)
+    return worker_ids, users
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
     # SIGTERM as SystemExit, so that the stack's `with` stops what was started.
@@ -648,17 +667,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with Stack(folder, config) as stack:
             print(f"stack in {folder}", flush=True)
-            stack.start_stores()
-            stack.migrate()
-            stack.django()
-            urls = stack.start_workers()
-            worker_ids = dict(prepare_fleet(urls, stack.served_model(), args.max_tokens))
-            users = make_users(args.clients + args.v1_clients, f"chaos-{tag}")
-            from django.db import connections
-
-            connections.close_all()
-            stack.start_service()
-            print("stack up", flush=True)
+            worker_ids, users = bring_up(stack, args, f"chaos-{tag}")
             results = asyncio.run(run(args, stack, worker_ids, users, tag))
             text = report(args, stack, results)
     finally:
