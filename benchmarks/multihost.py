@@ -31,10 +31,12 @@ clients that retry with their Idempotency-Key). Phases (`--phases`):
   processes live on, cut off from Redis, Postgres and the workers; sched2 adopts its answers
   once its beats lapse, and sched1 must leave them to it when it comes back).
 
-A killed host's process is started again in its namespace after its phase. The table, per
-phase and door, checked against Postgres as chaos' is: answers sent, completed, restarted,
-failed visibly, stuck, lost, duplicated, charged twice, uncharged, text mismatch, and the
-errors the clients met (each retried request counts); below it the errors by kind.
+The scheduler, worker and partition faults wait (at most 30 s) until their victim owns or
+serves an answer. A killed host's process is started again in its namespace after its phase.
+The table, per phase and door, checked against Postgres as chaos' is: answers sent,
+completed, restarted, failed visibly, stuck, lost, duplicated, charged twice, uncharged, text
+mismatch, and the errors the clients met (each retried request counts); below it the errors
+by kind.
 
     SECRET_KEY=x .venv/bin/python benchmarks/multihost.py --workers fake
     SECRET_KEY=x .venv/bin/python benchmarks/multihost.py --workers vllm
@@ -61,7 +63,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -284,27 +286,26 @@ class HostFaults:
                 "edge",
                 0,
             )
-        if phase == "scheduler":
-            with stack.redis.client() as redis:
-                owned = chaos._owned(redis, stack)
-            killed = self._kill("sched1", stack)
-            return (
-                f"sched1 down: kill -9 its {killed} processes (replica "
-                f"{stack.replica_names['scheduler-0']}, owning {owned.get('scheduler-0', 0)}; "
-                f"owned {owned})",
-                ("scheduler", "scheduler-0"),
-            )
         if phase == "worker":
-            with stack.redis.client() as redis:
-                leases = chaos._leases(redis, worker_ids)
+            victim = stack.worker_urls[0]
+            leases = await self._until(
+                lambda redis: chaos._leases(redis, worker_ids), victim, stack
+            )
             killed = self._kill("worker1", stack)
             return (
                 f"worker1 down: kill -9 its {killed} processes "
-                f"({leases.get(stack.worker_urls[0], 0)} answers on it; leases {leases})",
+                f"({leases.get(victim, 0)} answers on it; leases {leases})",
                 ("worker", 0),
             )
-        with stack.redis.client() as redis:
-            owned = chaos._owned(redis, stack)
+        owned = await self._until(lambda redis: chaos._owned(redis, stack), "scheduler-0", stack)
+        if phase == "scheduler":
+            replica = stack.replica_names["scheduler-0"]
+            killed = self._kill("sched1", stack)
+            return (
+                f"sched1 down: kill -9 its {killed} processes (replica {replica}, owning "
+                f"{owned.get('scheduler-0', 0)}; owned {owned})",
+                ("scheduler", "scheduler-0"),
+            )
         started = time.monotonic()
         self.network.link("sched1", up=False)
         try:
@@ -316,6 +317,24 @@ class HostFaults:
             f"{owned.get('scheduler-0', 0)}; owned {owned})",
             None,
         )
+
+    async def _until(
+        self,
+        count: Callable[[Any], dict[str, int]],
+        victim: str,
+        stack: Stack,
+        within: float = 30.0,
+    ) -> dict[str, int]:
+        """Answers per worker or replica (`count(redis)`), once `victim` has one, or after
+        `within` s: a victim that serves nothing would show nothing."""
+        assert stack.redis is not None
+        deadline = time.monotonic() + within
+        with stack.redis.client() as redis:
+            while True:
+                counts = count(redis)
+                if counts.get(victim, 0) > 0 or time.monotonic() > deadline:
+                    return counts
+                await asyncio.sleep(0.1)
 
 
 # The report
