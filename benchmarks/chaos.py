@@ -138,6 +138,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--worker-urls", default="", help="comma-separated URLs of running workers to use"
     )
     parser.add_argument("--phases", default=",".join(PHASES), help=f"of {', '.join(PHASES)}")
+    add_traffic_arguments(parser)
+    parser.add_argument("--redis-down", type=float, default=3.0)
+    parser.add_argument("--postgres-restart", choices=("fast", "immediate"), default="fast")
+    parser.add_argument(
+        "--postgres-down", type=float, default=3.0, help="seconds stopped (0: pg_ctl restart)"
+    )
+    parser.add_argument(
+        "--celery", action="store_true", help="also a Celery worker with beat (the sweeper)"
+    )
+    args = parser.parse_args(argv)
+    check_traffic_arguments(parser, args, PHASES)
+    args.urls = [u.strip().rstrip("/") for u in args.worker_urls.split(",") if u.strip()]
+    return args
+
+
+def add_traffic_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the clients, their phases, the stand-in workers and the results, which
+    every benchmark running phases on a `Stack` shares (this one, `multihost.py`)."""
     parser.add_argument("--clients", type=int, default=4, help="conversation API users")
     parser.add_argument("--v1-clients", type=int, default=2, help="streamed /v1 users")
     parser.add_argument("--turns", type=int, default=3, help="turns per conversation")
@@ -146,28 +164,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--after", type=float, default=12.0, help="seconds of sends after it")
     parser.add_argument("--deadline", type=float, default=180.0, help="seconds an answer has")
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--redis-down", type=float, default=3.0)
-    parser.add_argument("--postgres-restart", choices=("fast", "immediate"), default="fast")
-    parser.add_argument(
-        "--postgres-down", type=float, default=3.0, help="seconds stopped (0: pg_ctl restart)"
-    )
     parser.add_argument("--fake-tokens", type=int, default=40)
     parser.add_argument("--fake-token-delay", type=float, default=0.1)
-    parser.add_argument(
-        "--celery", action="store_true", help="also a Celery worker with beat (the sweeper)"
-    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the stores' files and logs")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
-    args = parser.parse_args(argv)
+
+
+def check_traffic_arguments(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, phases: Sequence[str]
+) -> None:
+    """`args.phase_list` from `--phases`, each one of `phases`; at least one client."""
     args.phase_list = [p for p in args.phases.split(",") if p]
     for phase in args.phase_list:
-        if phase not in PHASES:
+        if phase not in phases:
             parser.error(f"unknown phase {phase!r}")
-    args.urls = [u.strip().rstrip("/") for u in args.worker_urls.split(",") if u.strip()]
     if args.clients + args.v1_clients < 1:
         parser.error("at least one client")
-    return args
 
 
 # The fault of each phase

@@ -227,31 +227,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--phases", default="none,edge,scheduler,worker", help=f"of {', '.join(PHASES)}"
     )
     parser.add_argument("--subnet", default="", help="a free /24 (default: 10.77.N.0/24)")
-    parser.add_argument("--clients", type=int, default=4, help="conversation API users")
-    parser.add_argument("--v1-clients", type=int, default=2, help="streamed /v1 users")
-    parser.add_argument("--turns", type=int, default=3, help="turns per conversation")
-    parser.add_argument("--think", type=float, default=0.5, help="most seconds between sends")
-    parser.add_argument("--lead", type=float, default=6.0, help="seconds before the fault")
-    parser.add_argument("--after", type=float, default=12.0, help="seconds of sends after it")
-    parser.add_argument("--deadline", type=float, default=180.0, help="seconds an answer has")
     parser.add_argument("--partition-down", type=float, default=10.0, help="seconds cut off")
-    parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--fake-tokens", type=int, default=40)
-    parser.add_argument("--fake-token-delay", type=float, default=0.1)
-    parser.add_argument("--seed", type=int, default=1)
-    parser.add_argument("--keep", action="store_true", help="keep the stores' files and logs")
-    parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
+    chaos.add_traffic_arguments(parser)
     args = parser.parse_args(argv)
-    args.phase_list = [p for p in args.phases.split(",") if p]
-    for phase in args.phase_list:
-        if phase not in PHASES:
-            parser.error(f"unknown phase {phase!r}")
+    chaos.check_traffic_arguments(parser, args, PHASES)
     if args.subnet:
         args.subnet = ipaddress.IPv4Network(args.subnet)
         if args.subnet.prefixlen > 24:
             parser.error("--subnet needs room for .32: a /24 or wider")
-    if args.clients + args.v1_clients < 1:
-        parser.error("at least one client")
     return args
 
 
