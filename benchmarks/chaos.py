@@ -63,7 +63,7 @@ import signal
 import sys
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -138,6 +138,24 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--worker-urls", default="", help="comma-separated URLs of running workers to use"
     )
     parser.add_argument("--phases", default=",".join(PHASES), help=f"of {', '.join(PHASES)}")
+    add_traffic_arguments(parser)
+    parser.add_argument("--redis-down", type=float, default=3.0)
+    parser.add_argument("--postgres-restart", choices=("fast", "immediate"), default="fast")
+    parser.add_argument(
+        "--postgres-down", type=float, default=3.0, help="seconds stopped (0: pg_ctl restart)"
+    )
+    parser.add_argument(
+        "--celery", action="store_true", help="also a Celery worker with beat (the sweeper)"
+    )
+    args = parser.parse_args(argv)
+    check_traffic_arguments(parser, args, PHASES)
+    args.urls = [u.strip().rstrip("/") for u in args.worker_urls.split(",") if u.strip()]
+    return args
+
+
+def add_traffic_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of the clients, their phases, the stand-in workers and the results, which
+    every benchmark running phases on a `Stack` shares (this one, `multihost.py`)."""
     parser.add_argument("--clients", type=int, default=4, help="conversation API users")
     parser.add_argument("--v1-clients", type=int, default=2, help="streamed /v1 users")
     parser.add_argument("--turns", type=int, default=3, help="turns per conversation")
@@ -146,28 +164,23 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--after", type=float, default=12.0, help="seconds of sends after it")
     parser.add_argument("--deadline", type=float, default=180.0, help="seconds an answer has")
     parser.add_argument("--max-tokens", type=int, default=48)
-    parser.add_argument("--redis-down", type=float, default=3.0)
-    parser.add_argument("--postgres-restart", choices=("fast", "immediate"), default="fast")
-    parser.add_argument(
-        "--postgres-down", type=float, default=3.0, help="seconds stopped (0: pg_ctl restart)"
-    )
     parser.add_argument("--fake-tokens", type=int, default=40)
     parser.add_argument("--fake-token-delay", type=float, default=0.1)
-    parser.add_argument(
-        "--celery", action="store_true", help="also a Celery worker with beat (the sweeper)"
-    )
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--keep", action="store_true", help="keep the stores' files and logs")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
-    args = parser.parse_args(argv)
+
+
+def check_traffic_arguments(
+    parser: argparse.ArgumentParser, args: argparse.Namespace, phases: Sequence[str]
+) -> None:
+    """`args.phase_list` from `--phases`, each one of `phases`; at least one client."""
     args.phase_list = [p for p in args.phases.split(",") if p]
     for phase in args.phase_list:
-        if phase not in PHASES:
+        if phase not in phases:
             parser.error(f"unknown phase {phase!r}")
-    args.urls = [u.strip().rstrip("/") for u in args.worker_urls.split(",") if u.strip()]
     if args.clients + args.v1_clients < 1:
         parser.error("at least one client")
-    return args
 
 
 # The fault of each phase
@@ -253,6 +266,12 @@ async def inject(
     await asyncio.to_thread(stack.postgres.start)
     down = time.monotonic() - started
     return f"pg_ctl stop -m {mode}, started again after {down:.1f} s", None
+
+
+# A phase's fault: (phase, stack, args, worker ids, edges) -> (what was done, how to undo it).
+Inject = Callable[
+    [str, Stack, argparse.Namespace, dict[str, int], Edges], Awaitable[tuple[str, Any]]
+]
 
 
 def recover(stack: Stack, undo: Any) -> str:
@@ -345,6 +364,7 @@ async def run_phase(
     worker_ids: dict[str, int],
     users: list[tuple[int, str]],
     tag: str,
+    inject: Inject = inject,
 ) -> tuple[PhaseResult, Any]:
     result = PhaseResult(phase)
     offsets = {p.name: log_lines(p, 0)[0] for p in _all(stack)}
@@ -422,7 +442,12 @@ async def run(
     worker_ids: dict[str, int],
     users: list[tuple[int, str]],
     tag: str,
+    *,
+    inject: Inject = inject,
+    recover: Callable[[Stack, Any], str] = recover,
 ) -> list[PhaseResult]:
+    """The phases of `args.phase_list` in turn: `inject` makes each one's fault, `recover`
+    undoes it once the phase's answers are over (chaos' own by default)."""
     results = []
     for phase in args.phase_list:
         if phase == "worker" and stack.config.workers == "urls":
@@ -430,7 +455,7 @@ async def run(
             continue
         print(f"phase {phase}", flush=True)
         try:
-            result, undo = await run_phase(phase, stack, args, worker_ids, users, tag)
+            result, undo = await run_phase(phase, stack, args, worker_ids, users, tag, inject)
         except Exception as exc:
             results.append(PhaseResult(phase, error=f"{type(exc).__name__}: {exc}"))
             break
@@ -548,13 +573,19 @@ def report(args: argparse.Namespace, stack: Stack, results: Sequence[PhaseResult
         f"{args.deadline:.0f} s per answer",
         "",
     ]
+    return "\n".join([*header, table(results), "", *details(results)])
+
+
+def details(results: Sequence[PhaseResult]) -> list[str]:
+    """The lines below the table: each phase's fault, the answers that did not complete,
+    processes that exited unasked, and what the processes logged."""
     faults = ["faults:"]
     for result in results:
         at = f" at +{result.fault_at_s:.1f} s" if result.fault_at_s is not None else ""
         recovery = f"; {result.recovery}" if result.recovery else ""
         error = f"; ERROR {result.error}" if result.error else ""
         faults.append(f"  {result.phase:9} {result.fault}{at}{recovery}{error}")
-    parts = [*header, table(results), "", *faults]
+    parts = faults
     unfinished = failures(results)
     parts += ["", "answers that did not complete:" if unfinished else "every answer completed"]
     parts += unfinished
@@ -569,7 +600,7 @@ def report(args: argparse.Namespace, stack: Stack, results: Sequence[PhaseResult
     ]
     parts += ["", "warnings and errors the processes logged, per phase (first of each kind):"]
     parts += logged or ["  none"]
-    return "\n".join(parts)
+    return parts
 
 
 def as_json(args: argparse.Namespace, results: Sequence[PhaseResult]) -> dict[str, Any]:
@@ -596,12 +627,31 @@ def as_json(args: argparse.Namespace, results: Sequence[PhaseResult]) -> dict[st
     }
 
 
-def save(args: argparse.Namespace, text: str, data: dict[str, Any]) -> Path:
+def save(args: argparse.Namespace, text: str, data: dict[str, Any], name: str = "chaos") -> Path:
     args.results.mkdir(parents=True, exist_ok=True)
-    stem = args.results / f"chaos-{datetime.now(UTC):%Y%m%d-%H%M%S}"
+    stem = args.results / f"{name}-{datetime.now(UTC):%Y%m%d-%H%M%S}"
     stem.with_suffix(".txt").write_text(text + "\n")
     stem.with_suffix(".json").write_text(json.dumps(data, indent=1, default=str) + "\n")
     return stem.with_suffix(".txt")
+
+
+def bring_up(
+    stack: Stack, args: argparse.Namespace, users_prefix: str
+) -> tuple[dict[str, int], list[tuple[int, str]]]:
+    """The stores, the migrations, the workers in the default pool, the clients' users, then
+    the replicas and edges; returns each worker URL's id and the users (id, API key)."""
+    stack.start_stores()
+    stack.migrate()
+    stack.django()
+    urls = stack.start_workers()
+    worker_ids = dict(prepare_fleet(urls, stack.served_model(), args.max_tokens))
+    users = make_users(args.clients + args.v1_clients, users_prefix)
+    from django.db import connections
+
+    connections.close_all()
+    stack.start_service()
+    print("stack up", flush=True)
+    return worker_ids, users
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -630,17 +680,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with Stack(folder, config) as stack:
             print(f"stack in {folder}", flush=True)
-            stack.start_stores()
-            stack.migrate()
-            stack.django()
-            urls = stack.start_workers()
-            worker_ids = dict(prepare_fleet(urls, stack.served_model(), args.max_tokens))
-            users = make_users(args.clients + args.v1_clients, f"chaos-{tag}")
-            from django.db import connections
-
-            connections.close_all()
-            stack.start_service()
-            print("stack up", flush=True)
+            worker_ids, users = bring_up(stack, args, f"chaos-{tag}")
             results = asyncio.run(run(args, stack, worker_ids, users, tag))
             text = report(args, stack, results)
     finally:

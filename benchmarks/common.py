@@ -124,8 +124,8 @@ def service_env() -> dict[str, str]:
     }
 
 
-def edge_command(port: int, *, workers: int = 1) -> list[str]:
-    """The command line of one edge (`chatsite.edge`) on 127.0.0.1:`port`."""
+def edge_command(port: int, *, workers: int = 1, host: str = "127.0.0.1") -> list[str]:
+    """The command line of one edge (`chatsite.edge`) on `host`:`port`."""
     from chatsite import edge
 
-    return edge.command(port, workers=workers)
+    return edge.command(port, host=host, workers=workers)

@@ -12,6 +12,10 @@ the fault and soak benchmarks (`chaos.py`, `soak.py`) run against.
   edges (`python -m chatsite.edge`) and, if asked, a Celery worker. Each process is the leader
   of its own process group, so a kill reaches every process under it (vLLM's engine, Celery's
   prefork children) and `close()` leaves nothing behind; use it as a context manager.
+- `Host`: where a process runs. By default all listen on this machine's loopback; a stack
+  given hosts (`StackConfig.hosts`) runs each named process in a network namespace
+  (`ip netns exec`) listening on that namespace's address, as on a host of its own
+  (`multihost.py` builds the namespaces).
 - `Process.rss()`: the resident memory of a process group, for the soak's growth figures.
 - `key_census`: every Redis key, grouped by pattern, with or without a TTL.
 
@@ -83,6 +87,30 @@ class StackError(RuntimeError):
     """A process of the stack did not start or did not come back."""
 
 
+@dataclass(frozen=True)
+class Host:
+    """Where a process of the stack runs and listens: this machine's loopback (the default),
+    or network namespace `netns` (made beforehand with `ip netns add`) at `address`, whose
+    stores let in clients from `network`."""
+
+    address: str = "127.0.0.1"
+    netns: str = ""
+    network: str = ""
+
+    def wrap(self, command: Sequence[str], *, user: str | None = None) -> list[str]:
+        """`command` as run on this host, as `user` when given: `ip netns exec` needs root, so
+        the user changes inside the namespace (`runuser`)."""
+        wrapped = list(command)
+        if user is not None:
+            wrapped = ["runuser", "-u", user, "--", *wrapped]
+        if self.netns:
+            wrapped = ["ip", "netns", "exec", self.netns, *wrapped]
+        return wrapped
+
+
+LOCAL = Host()
+
+
 def wait_until(
     ready: Any, *, within: float, what: str, every: float = 0.2, alive: Any = None
 ) -> None:
@@ -146,6 +174,7 @@ class Process:
     command: list[str]
     env: dict[str, str]
     log: Path
+    host: Host = LOCAL
     popen: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
@@ -153,7 +182,7 @@ class Process:
         with self.log.open("ab") as log:
             log.write(f"\n=== start {self.starts + 1} at {time.time():.3f}\n".encode())
         self.popen = subprocess.Popen(  # noqa: S603 (our own command line)
-            self.command,
+            self.host.wrap(self.command),
             cwd=ROOT,
             env=self.env,
             stdout=self.log.open("ab"),
@@ -208,10 +237,11 @@ class Process:
 
 
 class Postgres:
-    """A Postgres cluster of its own in `folder`, on a free port of the loopback."""
+    """A Postgres cluster of its own in `folder`, on a free port of `host` (the loopback)."""
 
-    def __init__(self, folder: Path) -> None:
+    def __init__(self, folder: Path, host: Host = LOCAL) -> None:
         self.folder = folder
+        self.host = host
         self.data = folder / "data"
         self.log = folder / "postgres.log"
         self.port = free_port()
@@ -219,13 +249,16 @@ class Postgres:
         self.bindir = postgres_bindir()
 
     def url(self, database: str = DATABASE_NAME) -> str:
-        return f"postgres://postgres@127.0.0.1:{self.port}/{database}"
+        return f"postgres://postgres@{self.host.address}:{self.port}/{database}"
 
     def _run(self, *argv: str, timeout: float = 120) -> None:
+        command, user = [str(self.bindir / argv[0]), *argv[1:]], self.user
+        if self.host.netns:
+            command, user = self.host.wrap(command, user=user), None
         done = subprocess.run(  # noqa: S603 (our own command line)
-            [str(self.bindir / argv[0]), *argv[1:]],
+            command,
             cwd=self.folder,
-            user=self.user,
+            user=user,
             capture_output=True,
             text=True,
             timeout=timeout,
@@ -240,10 +273,14 @@ class Postgres:
             shutil.chown(self.folder, user=self.user)
         # --no-sync: only the initial files; the running server syncs as usual.
         self._run("initdb", "-D", str(self.data), "-U", "postgres", "--auth=trust", "--no-sync")
+        if self.host.network:  # initdb lets in the loopback only
+            with (self.data / "pg_hba.conf").open("a") as hba:
+                hba.write(f"host all all {self.host.network} trust\n")
 
     def start(self) -> None:
         options = (
-            f"-p {self.port} -k {self.folder} -c listen_addresses=127.0.0.1 -c max_connections=300"
+            f"-p {self.port} -k {self.folder} -c listen_addresses={self.host.address}"
+            " -c max_connections=300"
         )
         self._run("pg_ctl", "-D", str(self.data), "-l", str(self.log), "-w", "-t", "60", "-o",
                   options, "start")  # fmt: skip
@@ -270,7 +307,7 @@ class Postgres:
             return None
 
     def create_database(self, name: str = DATABASE_NAME) -> None:
-        self._run("createdb", "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", name)
+        self._run("createdb", "-h", self.host.address, "-p", str(self.port), "-U", "postgres", name)
 
 
 def postgres_bindir() -> Path:
@@ -290,36 +327,45 @@ def postgres_bindir() -> Path:
 
 
 class RedisServer:
-    """`redis-server` of its own on a free port, persisting to an append-only file."""
+    """`redis-server` of its own on a free port of `host` (the loopback), persisting to an
+    append-only file."""
 
-    def __init__(self, folder: Path, *, fsync: str = "everysec") -> None:
+    def __init__(self, folder: Path, *, fsync: str = "everysec", host: Host = LOCAL) -> None:
         self.folder = folder
+        self.host = host
         self.port = free_port()
         self.fsync = fsync
         binary = shutil.which("redis-server")
         if binary is None:
             raise StackError("redis-server is not installed")
         folder.mkdir(parents=True, exist_ok=True)
+        # Without a password Redis answers the loopback only: a host of its own on a private
+        # network (nothing but the run's namespaces reach it) lets its network in.
+        protected = ("--protected-mode", "no") if host.network else ()
         self.process = Process(
             name="redis",
             kind="redis",
             command=[
                 binary,
-                *("--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(folder)),
+                *("--port", str(self.port), "--bind", host.address, "--dir", str(folder)),
                 *("--appendonly", "yes", "--appendfsync", fsync, "--save", ""),
+                *protected,
             ],
             env=dict(os.environ),
             log=folder / "redis.log",
+            host=host,
         )
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://{self.host.address}:{self.port}/0"
 
     def client(self) -> Any:
         from redis import Redis
 
-        return Redis(port=self.port, decode_responses=True, socket_timeout=5)
+        return Redis(
+            host=self.host.address, port=self.port, decode_responses=True, socket_timeout=5
+        )
 
     def start(self) -> None:
         self.process.start()
@@ -353,6 +399,9 @@ class StackConfig:
     redis_fsync: str = "everysec"
     # Settings for every service process (the benchmark's own choices).
     env: dict[str, str] = field(default_factory=dict)
+    # Where each process runs, by name (`store` for Postgres and Redis, `edge-0`,
+    # `scheduler-1`, `worker-0`, ...); the others on this machine's loopback.
+    hosts: dict[str, Host] = field(default_factory=dict)
 
 
 class Stack:
@@ -375,6 +424,9 @@ class Stack:
     def __enter__(self) -> Stack:
         return self
 
+    def host(self, name: str) -> Host:
+        return self.config.hosts.get(name, LOCAL)
+
     def __exit__(self, *exc: object) -> None:
         self.close()
 
@@ -383,11 +435,12 @@ class Stack:
     def start_stores(self) -> None:
         # Postgres' programs run as another user: the folder above its own must let it in.
         self.folder.chmod(0o755)
-        self.postgres = Postgres(self.folder / "postgres")
+        store = self.host("store")
+        self.postgres = Postgres(self.folder / "postgres", store)
         self.postgres.init()
         self.postgres.start()
         self.postgres.create_database()
-        self.redis = RedisServer(self.folder / "redis", fsync=self.config.redis_fsync)
+        self.redis = RedisServer(self.folder / "redis", fsync=self.config.redis_fsync, host=store)
         self.redis.start()
 
     @property
@@ -443,7 +496,8 @@ class Stack:
     # The service's processes
 
     def _add(self, name: str, kind: str, command: list[str], env: dict[str, str]) -> Process:
-        process = Process(name, kind, command, env, self.folder / f"{name}.log")
+        log = self.folder / f"{name}.log"
+        process = Process(name, kind, command, env, log, host=self.host(name))
         self.processes[name] = process
         return process.start()
 
@@ -455,16 +509,18 @@ class Stack:
         else:
             for index in range(config.worker_count):
                 port = free_port()
+                address = self.host(f"worker-{index}").address
                 if config.workers == "vllm":
                     cpus = str(index % (os.cpu_count() or 1))
                     command = [sys.executable, "manage.py", "run_worker", "--port", str(port)]
-                    command += ["--cpus", cpus]
+                    command += ["--host", address, "--cpus", cpus]
                 else:
                     command = [sys.executable, str(Path(__file__)), "fake-worker"]
-                    command += ["--port", str(port), "--tokens", str(config.fake_tokens)]
+                    command += ["--host", address, "--port", str(port)]
+                    command += ["--tokens", str(config.fake_tokens)]
                     command += ["--token-delay", str(config.fake_token_delay)]
                 self._add(f"worker-{index}", "worker", command, dict(self.base_env))
-                self.worker_urls.append(f"http://127.0.0.1:{port}")
+                self.worker_urls.append(f"http://{address}:{port}")
         for index, url in enumerate(self.worker_urls):
             self.wait_worker(url, self.processes.get(f"worker-{index}"))
         return self.worker_urls
@@ -512,10 +568,12 @@ class Stack:
             self.start_scheduler(f"scheduler-{index}")
         for index in range(self.config.edges):
             port = free_port()
+            address = self.host(f"edge-{index}").address
             from benchmarks.common import edge_command
 
-            self._add(f"edge-{index}", "edge", edge_command(port), self.service_env())
-            self.edge_urls.append(f"http://127.0.0.1:{port}")
+            command = edge_command(port, host=address)
+            self._add(f"edge-{index}", "edge", command, self.service_env())
+            self.edge_urls.append(f"http://{address}:{port}")
         if self.config.celery:
             celery = [str(Path(sys.executable).parent / "celery"), "-A", "chatsite", "worker"]
             celery += ["--loglevel", "WARNING", "--concurrency", "2"]
@@ -747,13 +805,14 @@ def iter_processes(stack: Stack) -> Iterator[Process]:
 
 
 def fake_worker_main(argv: Sequence[str]) -> int:
-    """One `FakeWorker` listening on `--port` until SIGTERM or SIGKILL."""
+    """One `FakeWorker` listening on `--host`:`--port` until SIGTERM or SIGKILL."""
     from http.server import ThreadingHTTPServer
     from threading import Thread
 
     from inference.tests.fake_worker import FakeWorker
 
     parser = argparse.ArgumentParser(prog="stack.py fake-worker")
+    parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--tokens", type=int, default=40)
     parser.add_argument("--token-delay", type=float, default=0.1)
@@ -762,7 +821,7 @@ def fake_worker_main(argv: Sequence[str]) -> int:
     # The stand-in binds a port of its own choosing; a restarted worker must come back at
     # the address its pool row names, so it serves its handler on the port given instead.
     worker.server.server_close()
-    worker.server = ThreadingHTTPServer(("127.0.0.1", args.port), worker._handler())
+    worker.server = ThreadingHTTPServer((args.host, args.port), worker._handler())
     worker.server.daemon_threads = True
     worker.thread = Thread(target=worker.server.serve_forever, daemon=True)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
@@ -777,5 +836,7 @@ def fake_worker_main(argv: Sequence[str]) -> int:
 
 if __name__ == "__main__":
     if sys.argv[1:2] != ["fake-worker"]:
-        raise SystemExit("usage: stack.py fake-worker --port P [--tokens N] [--token-delay S]")
+        raise SystemExit(
+            "usage: stack.py fake-worker --port P [--host A] [--tokens N] [--token-delay S]"
+        )
     raise SystemExit(fake_worker_main(sys.argv[2:]))
