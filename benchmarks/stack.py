@@ -555,7 +555,12 @@ class Stack:
         self._scheduler_starts[name] += 1
         replica = f"{name}-{self._scheduler_starts[name]}"
         self.replica_names[name] = replica
-        command = [sys.executable, "manage.py", "run_scheduler", "--replica-id", replica]
+        # Each replica's /metrics and probes on a port of its own (the default, 9100, fits
+        # one replica a host).
+        command = [
+            *(sys.executable, "manage.py", "run_scheduler", "--replica-id", replica),
+            *("--metrics-port", str(free_port())),
+        ]
         process = self.processes.get(name)
         if process is None:
             return self._add(name, "scheduler", command, self.service_env())
