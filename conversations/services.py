@@ -544,9 +544,9 @@ def conversation_organize(
     archived: bool | None = None,
 ) -> Conversation:
     """Move the conversation into `folder` (None: out of any), pin or unpin it, archive or
-    unarchive it; what is not given stays. Archiving unpins: the pinned list is the top of
-    the main list, which an archived conversation leaves. None of it is activity: the
-    conversation keeps its place in time.
+    unarchive it; what is not given stays. Archiving unpins, and an archived conversation
+    stays unpinned: the pinned list is the top of the main list, which an archived
+    conversation leaves. None of it is activity: the conversation keeps its place in time.
     """
     with transaction.atomic():
         _lock(conversation)
