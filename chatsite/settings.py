@@ -361,6 +361,7 @@ CELERY_BEAT_SCHEDULE: dict[str, dict[str, object]] = {
 MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 32_000)
 SYSTEM_PROMPT_MAX_CHARS = env_int("SYSTEM_PROMPT_MAX_CHARS", 16_000)
 TITLE_MAX_CHARS = 200
+FOLDERS_MAX_PER_USER = env_int("FOLDERS_MAX_PER_USER", 100)
 DEFAULT_MODEL = os.environ.get("DEFAULT_MODEL", "smollm2-135m")
 # The `auto` model (conversations/auto_model.py): each answer by the small or the large pool,
 # as AUTO_MODEL_CHOOSER judges the task (by default: code, a prompt of LONG_PROMPT_TOKENS or

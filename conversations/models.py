@@ -13,6 +13,35 @@ import uuid
 
 from django.conf import settings
 from django.db import models
+from django.db.models.functions import Lower
+
+# The text search configuration of message search (conversations/search.py). `simple`, not
+# `english`: people write in many languages, and code, names and identifiers; `simple` only
+# lowercases, so a word matches as typed in any language, where `english` would stem other
+# languages wrongly and drop English stopwords. The index and the query must name the same
+# configuration for Postgres to use the index.
+SEARCH_CONFIG = "simple"
+
+
+class Folder(models.Model):
+    """A user's named group of conversations in the sidebar. Deleting it keeps them."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="folders"
+    )
+    name = models.CharField(max_length=60)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["name", "id"]
+        constraints = [
+            # Two folders the user could not tell apart would be one too many.
+            models.UniqueConstraint(Lower("name"), "owner", name="folder_name_unique_per_owner"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class Conversation(models.Model):
@@ -41,12 +70,20 @@ class Conversation(models.Model):
     # A deleted conversation keeps only this tombstone row (its messages are gone), so that a
     # late send into it gets a clear `conversation_deleted` rather than a puzzling 404.
     deleted_at = models.DateTimeField(null=True, blank=True)
+    # Where the user keeps it: a folder (at most one), pinned on top, or archived (out of the
+    # main list, in the Archived view). Deleting the folder leaves the conversation outside.
+    folder = models.ForeignKey(
+        Folder, null=True, blank=True, on_delete=models.SET_NULL, related_name="conversations"
+    )
+    pinned = models.BooleanField(default=False)
+    archived = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-last_activity_at", "-id"]
         indexes = [
+            # The sidebar's keyset: the main list and the Archived view, pinned first.
             models.Index(
-                fields=["owner", "-last_activity_at", "-id"],
+                fields=["owner", "archived", "-pinned", "-last_activity_at", "-id"],
                 name="conv_sidebar_idx",
                 condition=models.Q(deleted_at__isnull=True),
             ),
@@ -114,7 +151,11 @@ class Message(models.Model):
                 name="one_root_per_conversation",
             ),
         ]
-        indexes = [models.Index(fields=["parent", "created_at"], name="msg_siblings_idx")]
+        indexes = [
+            models.Index(fields=["parent", "created_at"], name="msg_siblings_idx"),
+        ]
+        # Message search has a GIN expression index on Postgres only (migration
+        # 0004_folders_pins_archive_search): see conversations/search.py.
 
     def __str__(self) -> str:
         return f"{self.role}: {self.content[:40]}"

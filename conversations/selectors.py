@@ -20,12 +20,13 @@ from typing import Any
 from django.conf import settings
 from django.db import connection
 from django.db.models import Q
+from django.db.models.functions import Lower
 
 from chatsite import jsonbody
 from chatsite.errors import NotFound, ServiceError
 
 from .errors import ErrorCode
-from .models import Conversation, Message
+from .models import Conversation, Folder, Message
 
 SIDEBAR_MAX_LIMIT = 100
 
@@ -95,46 +96,88 @@ class SidebarPage:
 
 
 def _encode_cursor(conversation: Conversation) -> str:
-    raw = json.dumps([conversation.last_activity_at.isoformat(), str(conversation.pk)])
+    raw = json.dumps(
+        [conversation.pinned, conversation.last_activity_at.isoformat(), str(conversation.pk)]
+    )
     return base64.urlsafe_b64encode(raw.encode()).decode().rstrip("=")
 
 
-def _decode_cursor(cursor: str) -> tuple[datetime, uuid.UUID]:
+def _decode_cursor(cursor: str) -> tuple[bool, datetime, uuid.UUID]:
     try:
         raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        stamp, conversation_id = jsonbody.loads(raw)
+        pinned, stamp, conversation_id = jsonbody.loads(raw)
+        if not isinstance(pinned, bool):
+            raise TypeError("pinned is not a boolean")
         last_activity_at = datetime.fromisoformat(stamp)
         if last_activity_at.tzinfo is None:
             raise ValueError("naive datetime")
-        return last_activity_at, uuid.UUID(conversation_id)
+        return pinned, last_activity_at, uuid.UUID(conversation_id)
     except (binascii.Error, UnicodeDecodeError, ValueError, TypeError) as exc:
         raise ServiceError(ErrorCode.INVALID_CURSOR, "The cursor is not valid.") from exc
 
 
-def conversation_sidebar(
-    *, user: Any, query: str = "", cursor: str | None = None, limit: int = 20
-) -> SidebarPage:
-    """The user's live conversations, newest activity first, optionally by title search.
+# The sidebar's `folder` filter for conversations in no folder.
+UNFILED = "none"
 
-    Keyset pagination on (last_activity_at, id): pages stay free of duplicates and gaps
-    while new messages reorder the list, and each page costs the same however deep it is.
+
+def conversation_sidebar(
+    *,
+    user: Any,
+    query: str = "",
+    cursor: str | None = None,
+    limit: int = 20,
+    folder: Folder | str | None = None,
+    pinned: bool | None = None,
+    archived: bool = False,
+) -> SidebarPage:
+    """The user's live conversations, pinned first, then newest activity first, optionally
+    by title search, by `folder` (a Folder, or UNFILED for those in none) and by `pinned`.
+
+    The main list leaves out archived conversations; `archived=True` is the Archived view.
+    Keyset pagination on (pinned, last_activity_at, id): pages stay free of duplicates and
+    gaps while new messages reorder the list, and each page costs the same however deep it is
+    (one index, `conv_sidebar_idx`, serves the order).
     """
     limit = max(1, min(limit, SIDEBAR_MAX_LIMIT))
-    conversations = Conversation.objects.filter(owner_id=user.pk, deleted_at__isnull=True).order_by(
-        "-last_activity_at", "-id"
-    )
+    conversations = Conversation.objects.filter(
+        owner_id=user.pk, deleted_at__isnull=True, archived=archived
+    ).order_by("-pinned", "-last_activity_at", "-id")
     if query.strip():
         conversations = conversations.filter(title__icontains=query.strip())
+    if folder == UNFILED:
+        conversations = conversations.filter(folder__isnull=True)
+    elif isinstance(folder, Folder):
+        conversations = conversations.filter(folder_id=folder.pk)
+    if pinned is not None:
+        conversations = conversations.filter(pinned=pinned)
     if cursor:
-        last_activity_at, last_id = _decode_cursor(cursor)
-        conversations = conversations.filter(
+        last_pinned, last_activity_at, last_id = _decode_cursor(cursor)
+        after = Q(pinned=last_pinned) & (
             Q(last_activity_at__lt=last_activity_at)
             | Q(last_activity_at=last_activity_at, id__lt=last_id)
         )
+        if last_pinned:
+            after |= Q(pinned=False)
+        conversations = conversations.filter(after)
     rows = list(conversations[: limit + 1])
     page = rows[:limit]
     next_cursor = _encode_cursor(page[-1]) if len(rows) > limit else None
     return SidebarPage(conversations=page, next_cursor=next_cursor)
+
+
+def folder_for_user(*, user: Any, folder_id: uuid.UUID) -> Folder:
+    """The folder if `user` owns it; otherwise NotFound."""
+    if not getattr(user, "is_authenticated", False):
+        raise NotFound("Folder not found.")
+    folder = Folder.objects.filter(owner_id=user.pk, pk=folder_id).first()
+    if folder is None:
+        raise NotFound("Folder not found.")
+    return folder
+
+
+def folders_of(*, user: Any) -> list[Folder]:
+    """The user's folders by name (at most FOLDERS_MAX_PER_USER, so never paged)."""
+    return list(Folder.objects.filter(owner_id=user.pk).order_by(Lower("name"), "id"))
 
 
 def message_ancestry(*, message_id: uuid.UUID) -> list[Message]:

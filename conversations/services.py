@@ -8,15 +8,18 @@ assistant placeholder return it: the caller enqueues its generation after commit
 
 from __future__ import annotations
 
+import enum
 import itertools
 import json
+import unicodedata
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.contrib.auth import get_user_model
+from django.db import IntegrityError, connection, transaction
 from django.db.models import JSONField, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
@@ -24,7 +27,7 @@ from django.utils import timezone
 from chatsite.errors import ServiceError
 
 from .errors import ErrorCode
-from .models import Conversation, Message
+from .models import Conversation, Folder, Message
 from .selectors import message_ancestry
 
 IN_PROGRESS_STATUSES = (Message.Status.QUEUED, Message.Status.STREAMING)
@@ -456,3 +459,109 @@ def answers_set_route(*, answers: QuerySet[Message], route: dict[str, str]) -> i
         ),
         updated_at=timezone.now(),
     )
+
+
+# Folders, pins and archive: where a user keeps a conversation in the sidebar.
+
+FOLDER_NAME_MAX_CHARS = 60
+
+
+class Unset(enum.Enum):
+    """A parameter not given (None means something: out of any folder)."""
+
+    UNSET = enum.auto()
+
+
+UNSET = Unset.UNSET
+
+
+def _check_folder_name(name: str) -> str:
+    name = " ".join(name.split())
+    if not name:
+        raise ServiceError(ErrorCode.EMPTY_FOLDER_NAME, "The folder name is empty.")
+    if len(name) > FOLDER_NAME_MAX_CHARS:
+        raise ServiceError(
+            ErrorCode.FOLDER_NAME_TOO_LONG,
+            f"A folder name may hold at most {FOLDER_NAME_MAX_CHARS} characters.",
+            detail={"max_chars": FOLDER_NAME_MAX_CHARS},
+        )
+    if any(unicodedata.category(char) in {"Cc", "Cf", "Cs", "Co", "Cn"} for char in name):
+        raise ServiceError(
+            ErrorCode.INVALID_FOLDER_NAME, "A folder name may not hold control characters."
+        )
+    return name
+
+
+def _name_taken() -> ServiceError:
+    return ServiceError(
+        ErrorCode.FOLDER_NAME_TAKEN, "You already have a folder of that name.", status=409
+    )
+
+
+def folder_create(*, owner: Any, name: str) -> Folder:
+    """A new folder of `owner`'s, up to FOLDERS_MAX_PER_USER.
+
+    The owner's row is locked while the folders are counted, so two creations at once cannot
+    both pass the cap; the unique constraint (case-insensitive) settles two of one name.
+    """
+    name = _check_folder_name(name)
+    try:
+        with transaction.atomic():
+            get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
+            if Folder.objects.filter(owner_id=owner.pk).count() >= settings.FOLDERS_MAX_PER_USER:
+                raise ServiceError(
+                    ErrorCode.TOO_MANY_FOLDERS,
+                    f"You may have at most {settings.FOLDERS_MAX_PER_USER} folders.",
+                    status=409,
+                    detail={"max_folders": settings.FOLDERS_MAX_PER_USER},
+                )
+            return Folder.objects.create(owner_id=owner.pk, name=name)
+    except IntegrityError as exc:
+        raise _name_taken() from exc
+
+
+def folder_rename(*, folder: Folder, name: str) -> Folder:
+    """Give the folder a new name, unique among its owner's (case-insensitive)."""
+    folder.name = _check_folder_name(name)
+    try:
+        with transaction.atomic():
+            folder.save(update_fields=["name"])
+    except IntegrityError as exc:
+        raise _name_taken() from exc
+    return folder
+
+
+def folder_delete(*, folder: Folder) -> None:
+    """Delete the folder; its conversations stay, outside any folder (`SET_NULL`)."""
+    folder.delete()
+
+
+def conversation_organize(
+    *,
+    conversation: Conversation,
+    folder: Folder | Unset | None = UNSET,
+    pinned: bool | None = None,
+    archived: bool | None = None,
+) -> Conversation:
+    """Move the conversation into `folder` (None: out of any), pin or unpin it, archive or
+    unarchive it; what is not given stays. Archiving unpins, and an archived conversation
+    stays unpinned: the pinned list is the top of the main list, which an archived
+    conversation leaves. None of it is activity: the conversation keeps its place in time.
+    """
+    with transaction.atomic():
+        _lock(conversation)
+        update_fields = ["updated_at"]
+        if not isinstance(folder, Unset):
+            conversation.folder = folder
+            update_fields.append("folder")
+        if archived is not None:
+            conversation.archived = archived
+            update_fields.append("archived")
+            if archived:
+                conversation.pinned = False
+                update_fields.append("pinned")
+        if pinned is not None and not conversation.archived:
+            conversation.pinned = pinned
+            update_fields.append("pinned")
+        conversation.save(update_fields=list(dict.fromkeys(update_fields)))
+    return conversation

@@ -145,7 +145,6 @@ def test_no_request_gets_a_server_error_and_every_answer_fits_the_schema(
 @pytest.mark.parametrize(
     ("path", "component", "required"),
     [
-        ("/api/v1/conversations/{conversation_id}", "ConversationUpdate", "title"),
         ("/api/v1/conversations/{conversation_id}/tools", "ConversationToolSwitch", "tools"),
         ("/api/v1/api-keys/{key_id}", "ApiKeyUpdate", "store_conversations"),
     ],
@@ -154,8 +153,9 @@ def test_no_request_gets_a_server_error_and_every_answer_fits_the_schema(
 def test_each_patch_documents_the_field_it_refuses_to_go_without(
     seeded: Seeded, path: str, component: str, required: str
 ) -> None:
-    """None of the PATCH views is a partial update: the schema says so, and a body without
-    the field is a 400."""
+    """These PATCH views are not partial updates: the schema says so, and a body without the
+    field is a 400. (A conversation's PATCH is partial, any of title, folder, pinned and
+    archived: an empty one is refused as `nothing_to_update`, conversations/tests/test_api.py.)"""
     body = RAW_SCHEMA["paths"][path]["patch"]["requestBody"]
     assert body["required"] is True
     assert body["content"]["application/json"]["schema"]["$ref"].endswith(f"/{component}")

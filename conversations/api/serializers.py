@@ -12,9 +12,11 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from conversations.models import Conversation, Message
+from conversations.models import Conversation, Folder, Message
+from conversations.search import SEARCH_MAX_LIMIT
 from conversations.selectors import (
     SIDEBAR_MAX_LIMIT,
+    UNFILED,
     SiblingPosition,
     message_notice,
     message_visible_content,
@@ -165,6 +167,7 @@ class BranchMessageSerializer(MessageSerializer):
 
 class ConversationSerializer(serializers.ModelSerializer[Conversation]):
     current_leaf_id = serializers.UUIDField(read_only=True, allow_null=True)
+    folder_id = serializers.UUIDField(read_only=True, allow_null=True)
 
     class Meta:
         model = Conversation
@@ -176,6 +179,9 @@ class ConversationSerializer(serializers.ModelSerializer[Conversation]):
             "system_prompt",
             "source",
             "current_leaf_id",
+            "folder_id",
+            "pinned",
+            "archived",
             "created_at",
             "updated_at",
             "last_activity_at",
@@ -206,11 +212,37 @@ class ConversationPageSerializer(serializers.Serializer[Any]):
     next_cursor = serializers.CharField(allow_null=True, help_text="Pass as ?cursor= for more.")
 
 
+class FolderFilterField(serializers.CharField):
+    """A folder's id, or `none` for the conversations in no folder."""
+
+    def to_internal_value(self, data: Any) -> str:
+        value = super().to_internal_value(data)
+        if value != UNFILED:
+            try:
+                uuid.UUID(value)
+            except ValueError:
+                self.fail("invalid")
+        return value
+
+
 class SidebarQuerySerializer(serializers.Serializer[Any]):
     q = serializers.CharField(required=False, allow_blank=True, help_text="Title search.")
     cursor = serializers.CharField(required=False, allow_blank=True)
     limit = serializers.IntegerField(
         required=False, default=20, help_text=f"Page size, 1 to {SIDEBAR_MAX_LIMIT}."
+    )
+    folder = FolderFilterField(
+        required=False,
+        help_text=f"Only this folder's conversations, or `{UNFILED}` for those in no folder.",
+        error_messages={"invalid": f"A folder id or `{UNFILED}`."},
+    )
+    pinned = serializers.BooleanField(
+        required=False, allow_null=True, default=None, help_text="Only pinned (or unpinned)."
+    )
+    archived = serializers.BooleanField(
+        required=False,
+        default=False,
+        help_text="The Archived view: archived conversations instead of the main list.",
     )
 
 
@@ -223,7 +255,62 @@ class ConversationCreateSerializer(serializers.Serializer[Any]):
 
 
 class ConversationUpdateSerializer(serializers.Serializer[Any]):
-    title = StrictCharField(allow_blank=True)
+    """Any of a new title, a folder (null: out of any), pinned, archived; at least one."""
+
+    title = StrictCharField(required=False, allow_blank=True)
+    folder_id = StrictUUIDField(
+        required=False, allow_null=True, help_text="A folder of yours, or null for none."
+    )
+    pinned = serializers.BooleanField(required=False)
+    archived = serializers.BooleanField(
+        required=False, help_text="Archiving unpins; the conversation leaves the main list."
+    )
+
+
+class FolderSerializer(serializers.ModelSerializer[Folder]):
+    class Meta:
+        model = Folder
+        fields = ["id", "name", "created_at"]
+        read_only_fields = fields
+
+
+class FolderWriteSerializer(serializers.Serializer[Any]):
+    name = StrictCharField(allow_blank=True, trim_whitespace=False)
+
+
+class FolderListSerializer(serializers.Serializer[Any]):
+    results = FolderSerializer(many=True)
+
+
+class SearchQuerySerializer(serializers.Serializer[Any]):
+    q = serializers.CharField(
+        allow_blank=True,
+        trim_whitespace=False,
+        help_text='Words, "a phrase", -excluded, or: as a web search takes them.',
+    )
+    cursor = serializers.CharField(required=False, allow_blank=True)
+    limit = serializers.IntegerField(
+        required=False, default=20, help_text=f"Page size, 1 to {SEARCH_MAX_LIMIT}."
+    )
+
+
+class SearchHitSerializer(serializers.Serializer[Any]):
+    message_id = serializers.UUIDField()
+    conversation_id = serializers.UUIDField()
+    conversation_title = serializers.CharField()
+    role = serializers.CharField()
+    created_at = serializers.DateTimeField()
+    rank = serializers.FloatField(help_text="ts_rank_cd: higher is better.")
+    snippet = serializers.CharField(help_text="Plain text around the matches (never HTML).")
+    highlights = serializers.ListField(
+        child=serializers.ListField(child=serializers.IntegerField(), min_length=2, max_length=2),
+        help_text="The matches as [start, end) offsets in Unicode code points into `snippet`.",
+    )
+
+
+class SearchPageSerializer(serializers.Serializer[Any]):
+    results = SearchHitSerializer(many=True)
+    next_cursor = serializers.CharField(allow_null=True, help_text="Pass as ?cursor= for more.")
 
 
 class MessageCreateSerializer(serializers.Serializer[Any]):

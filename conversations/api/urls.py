@@ -4,7 +4,7 @@ from django.urls import path
 
 from chatsite.threads import threaded_view
 
-from . import events, views
+from . import events, organize, views
 
 # The turn's endpoints run on the edge's pool of threads (`chatsite.threads`): sends that
 # arrive at once overlap instead of queueing on the process's one sync thread.
@@ -45,4 +45,7 @@ urlpatterns = [
         views.BranchSwitchView.as_view(),
         name="branch-switch",
     ),
+    path("folders", organize.FolderListView.as_view(), name="folder-list"),
+    path("folders/<uuid:folder_id>", organize.FolderDetailView.as_view(), name="folder-detail"),
+    path("search", organize.SearchView.as_view(), name="message-search"),
 ]

@@ -19,9 +19,11 @@ from rest_framework.views import APIView
 from accounts.abuse import abuse_limit
 from accounts.models import ApiKey
 from chatsite.auth import request_user
+from chatsite.errors import ServiceError
 from chatsite.schema import error_responses
 from conversations import selectors, services, turns
-from conversations.models import Conversation, Message
+from conversations.errors import ErrorCode
+from conversations.models import Conversation, Folder, Message
 from inference.selectors import generation_ids_for_messages
 
 from .serializers import (
@@ -107,18 +109,29 @@ class ConversationListView(APIView):
     @extend_schema(
         tags=TAGS,
         operation_id="conversations_list",
-        summary="The sidebar: newest activity first",
+        summary="The sidebar: pinned first, then newest activity first",
+        description="Archived conversations only with `archived=true` (the Archived view); "
+        "`folder` and `pinned` narrow the list.",
         parameters=[SidebarQuerySerializer],
-        responses={200: ConversationPageSerializer, **error_responses(400)},
+        responses={200: ConversationPageSerializer, **error_responses(400, 404)},
     )
     def get(self, request: Request) -> Response:
         params = SidebarQuerySerializer(data=request.query_params)
         params.is_valid(raise_exception=True)
+        folder_filter: str | None = params.validated_data.get("folder")
+        folder: Folder | str | None = folder_filter
+        if folder_filter is not None and folder_filter != selectors.UNFILED:
+            folder = selectors.folder_for_user(
+                user=request.user, folder_id=uuid.UUID(folder_filter)
+            )
         page = selectors.conversation_sidebar(
             user=request.user,
             query=params.validated_data.get("q", ""),
             cursor=params.validated_data.get("cursor") or None,
             limit=params.validated_data["limit"],
+            folder=folder,
+            pinned=params.validated_data["pinned"],
+            archived=params.validated_data["archived"],
         )
         return Response(
             {
@@ -162,7 +175,7 @@ class ConversationDetailView(APIView):
     @extend_schema(
         tags=TAGS,
         operation_id="conversations_rename",
-        summary="Rename a conversation",
+        summary="Rename a conversation, file it in a folder, pin or archive it",
         request=ConversationUpdateSerializer,
         responses={200: ConversationSerializer, **error_responses(400, 404)},
     )
@@ -172,9 +185,31 @@ class ConversationDetailView(APIView):
         )
         form = ConversationUpdateSerializer(data=request.data)
         form.is_valid(raise_exception=True)
-        conversation = services.conversation_rename(
-            conversation=conversation, title=form.validated_data["title"]
-        )
+        fields = form.validated_data
+        if not fields:
+            raise ServiceError(
+                ErrorCode.NOTHING_TO_UPDATE,
+                "Give a title, folder_id, pinned or archived.",
+            )
+        folder: Folder | services.Unset | None = services.UNSET
+        if "folder_id" in fields:
+            folder_id = fields["folder_id"]
+            folder = (
+                None
+                if folder_id is None
+                else selectors.folder_for_user(user=request.user, folder_id=folder_id)
+            )
+        if "title" in fields:
+            conversation = services.conversation_rename(
+                conversation=conversation, title=fields["title"]
+            )
+        if fields.keys() - {"title"}:
+            conversation = services.conversation_organize(
+                conversation=conversation,
+                folder=folder,
+                pinned=fields.get("pinned"),
+                archived=fields.get("archived"),
+            )
         return Response(ConversationSerializer(conversation).data)
 
     @extend_schema(

@@ -428,7 +428,7 @@ def test_rename_sets_the_title(api_client: APIClient, conversation: Conversation
     [
         ({"title": "  "}, 400, "empty_title"),
         ({"title": "x" * 201}, 400, "title_too_long"),
-        ({}, 400, "missing_field"),
+        ({}, 400, "nothing_to_update"),
         ({"title": 5}, 400, "invalid_title"),
     ],
 )

@@ -17,6 +17,7 @@ from rest_framework.test import APIClient
 from accounts.services import api_key_create
 from billing.selectors import default_plan
 from conversations.models import Conversation
+from conversations.services import conversation_organize, folder_create
 from inference.services import generation_finish, pool_named
 from inference.tokens import count_tokens, pool_tokenizer
 from moderation.classifiers import local
@@ -43,6 +44,12 @@ REGENERATE_BUDGET = 16
 # own first, and its messages written and read back as a send does; 8 while the sanction
 # check read the database).
 V1_BUDGET = 7
+# The sidebar's page (the key, the page of conversations) whatever its filters and however
+# many rows, and one more for a folder filter (the folder, fetched as its owner's).
+SIDEBAR_BUDGET = 2
+SIDEBAR_FOLDER_BUDGET = 3
+# Search: the key, then one statement for the page with its ranks and snippets.
+SEARCH_BUDGET = 2
 
 
 @pytest.fixture(autouse=True)
@@ -160,3 +167,47 @@ def test_token_counts_are_written_with_the_rows(
     )
     answer = conversation.messages.get(generation__pk=generation_id)
     assert answer.content_tokens == count_tokens(tokenizer, "Sourdough.")
+
+
+@pytest.mark.parametrize(
+    ("params", "budget"),
+    [
+        ({}, SIDEBAR_BUDGET),
+        ({"pinned": "true"}, SIDEBAR_BUDGET),
+        ({"archived": "true"}, SIDEBAR_BUDGET),
+        ({"folder": "none"}, SIDEBAR_BUDGET),
+        ({"folder": "work"}, SIDEBAR_FOLDER_BUDGET),
+    ],
+)
+def test_a_sidebar_page_stays_within_its_budget(
+    api_client: APIClient, user: Any, params: dict[str, Any], budget: int
+) -> None:
+    work = folder_create(owner=user, name="Work")
+    for number in range(12):
+        conversation = ConversationFactory.create(owner=user)
+        conversation_organize(
+            conversation=conversation,
+            folder=work if number % 2 else None,
+            pinned=number % 3 == 0,
+            archived=number % 4 == 0,
+        )
+    if params.get("folder") == "work":
+        params = {"folder": str(work.pk)}
+    first = api_client.get(API, {**params, "limit": 2})
+    assert first.json()["results"] and first.json()["next_cursor"], first.content
+    # A page deep in the list costs what the first one does.
+    count, sql = statements(
+        lambda: api_client.get(API, {**params, "limit": 2, "cursor": first.json()["next_cursor"]}),
+        status=200,
+    )
+    assert count <= budget, "\n".join(sql)
+
+
+def test_a_search_page_stays_within_its_budget(api_client: APIClient, user: Any) -> None:
+    for number in range(6):
+        exchange(ConversationFactory.create(owner=user), f"heron {number}", answer="heron")
+    assert api_client.get("/api/v1/search", {"q": "warm"}).status_code == 200
+    count, sql = statements(
+        lambda: api_client.get("/api/v1/search", {"q": "heron", "limit": "5"}), status=200
+    )
+    assert count <= SEARCH_BUDGET, "\n".join(sql)

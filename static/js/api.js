@@ -68,10 +68,11 @@ async function request(method, path, body) {
 
 const id = (value) => encodeURIComponent(value);
 
-export function listConversations({ q = "", cursor = null } = {}) {
+export function listConversations({ q = "", cursor = null, archived = false } = {}) {
   const params = new URLSearchParams();
   if (q) params.set("q", q);
   if (cursor) params.set("cursor", cursor);
+  if (archived) params.set("archived", "true");
   const query = params.toString();
   return request("GET", `conversations${query ? `?${query}` : ""}`);
 }
@@ -116,3 +117,17 @@ export function generationStreamUrl(generationId, lastEventId = null) {
 export const getConversationTools = (conversationId) => request("GET", `conversations/${id(conversationId)}/tools`);
 export const setConversationTools = (conversationId, switches) =>
   request("PATCH", `conversations/${id(conversationId)}/tools`, { tools: switches });
+
+// Folders, pins, archive and message search (#18).
+/** `changes`: any of {folder_id (null: no folder), pinned, archived}. */
+export const organizeConversation = (conversationId, changes) =>
+  request("PATCH", `conversations/${id(conversationId)}`, changes);
+export const listFolders = () => request("GET", "folders");
+export const createFolder = (name) => request("POST", "folders", { name });
+export const renameFolder = (folderId, name) => request("PATCH", `folders/${id(folderId)}`, { name });
+export const deleteFolder = (folderId) => request("DELETE", `folders/${id(folderId)}`);
+export function searchMessages({ q, cursor = null }) {
+  const params = new URLSearchParams({ q });
+  if (cursor) params.set("cursor", cursor);
+  return request("GET", `search?${params}`);
+}

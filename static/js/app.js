@@ -8,6 +8,7 @@
 
 import * as api from "./api.js";
 import { isInProgress, messageElement, startEdit, updateAssistant, withToolSteps } from "./messages.js";
+import { MessageSearch } from "./search.js";
 import { displayTitle, Sidebar } from "./sidebar.js";
 import { GenerationStream } from "./stream.js";
 import { ToolsMenu } from "./tools.js";
@@ -143,6 +144,30 @@ async function openConversation(id, { push }) {
   closeSidebar();
   showConversation(detail, { scroll: "bottom" });
   ui.prompt.focus();
+}
+
+/** Open a search result (#18): its conversation on the branch that holds the message,
+ * scrolled to it and marked. */
+async function openMessage(id, messageId) {
+  state.viewId = id;
+  let detail;
+  try {
+    detail = await api.switchBranch(id, messageId);
+  } catch (error) {
+    if (state.viewId === id) showError(error);
+    return;
+  }
+  if (state.viewId !== id) return;
+  if (window.location.pathname !== pathFor(id)) window.history.pushState(null, "", pathFor(id));
+  hideBanner();
+  closeSidebar();
+  showConversation(detail, { scroll: "none" });
+  const item = elementFor(messageId);
+  if (!item) return;
+  item.classList.add("search-hit");
+  item.tabIndex = -1;
+  item.scrollIntoView({ block: "center" });
+  item.focus({ preventScroll: true });
 }
 
 /** Read the conversation again and show it, if it is still the one on screen. */
@@ -502,6 +527,7 @@ const sidebarHandlers = {
   onError: showError,
 };
 const sidebar = new Sidebar(sidebarHandlers);
+new MessageSearch({ onOpenMessage: openMessage, onError: showError });
 
 // Events of this user from the server (titles written in the background, deletions made in
 // another tab or by history retention). EventSource reconnects by itself with Last-Event-ID.
