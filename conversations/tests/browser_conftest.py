@@ -308,8 +308,12 @@ def browser() -> Iterator[Any]:
         if os.environ.get("CHATSITE_E2E_REQUIRED"):
             pytest.fail(message)
         pytest.skip(message)
-    from playwright.sync_api import sync_playwright
+    from playwright.sync_api import expect, sync_playwright
 
+    # Playwright's 5 s for an expectation is short on a 2-core machine whose vLLM workers,
+    # edge and scheduler share it with the browser: a page that does what it should, late,
+    # would fail. A longer wait makes no test pass that should fail.
+    expect.set_options(timeout=15_000)
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     playwright = sync_playwright().start()
