@@ -8,17 +8,23 @@ that the tombstone stays and no tree is left half-cut.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from datetime import UTC, datetime, time, timedelta
 from typing import Any, TypeVar
 
+from django import forms
 from django.contrib import admin
+from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
-from django.http import HttpRequest
-from django.urls import reverse
+from django.http import HttpRequest, HttpResponse
+from django.template.response import TemplateResponse
+from django.urls import URLPattern, path, reverse
+from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .models import BranchSummary, Conversation, Message
+from .models import BranchSummary, Conversation, Feedback, Message, Share
 from .removal import conversation_remove
+from .selectors import feedback_report
 
 _M = TypeVar("_M", bound=Model)
 
@@ -114,3 +120,92 @@ class BranchSummaryAdmin(ReadOnlyAdmin[BranchSummary]):
     def conversation_link(self, summary: BranchSummary) -> SafeString:
         url = reverse("admin:conversations_conversation_change", args=[summary.conversation_id])
         return format_html('<a href="{}">{}</a>', url, summary.conversation)
+
+
+@admin.register(Share)
+class ShareAdmin(ReadOnlyAdmin[Share]):
+    """Share links, read-only. The link itself is not shown: only its owner has it."""
+
+    list_display = ["__str__", "conversation_link", "created_at", "revoked_at"]
+    list_filter = [("revoked_at", admin.EmptyFieldListFilter)]
+    search_fields = ["title", "conversation__owner__username"]
+    list_select_related = ["conversation", "conversation__owner"]
+    date_hierarchy = "created_at"
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # revoked by the owner, or gone with the conversation
+
+    @admin.display(description="Conversation")
+    def conversation_link(self, share: Share) -> SafeString:
+        url = reverse("admin:conversations_conversation_change", args=[share.conversation_id])
+        return format_html('<a href="{}">{}</a>', url, share.conversation)
+
+
+class FeedbackPeriodForm(forms.Form):
+    """The report's period, whole UTC days from `since` to `until` inclusive."""
+
+    since = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+    until = forms.DateField(required=False, widget=forms.DateInput(attrs={"type": "date"}))
+
+    def clean(self) -> dict[str, Any]:
+        cleaned = super().clean() or {}
+        since, until = cleaned.get("since"), cleaned.get("until")
+        if since and until and since > until:
+            raise forms.ValidationError("The period ends before it starts.")
+        return cleaned
+
+
+FEEDBACK_REPORT_DEFAULT_DAYS = 30
+
+
+@admin.register(Feedback)
+class FeedbackAdmin(ReadOnlyAdmin[Feedback]):
+    """Thumbs on answers, read-only, and the report per model and pool (`report/`): thumbs up
+    and down and the regenerate rate over a chosen period. Both need the view permission on
+    feedback (`conversations.view_feedback`); a staff member without it gets 403."""
+
+    list_display = ["__str__", "rating", "reason", "model", "updated_at"]
+    list_filter = ["rating", "reason", "message__model"]
+    search_fields = ["comment", "user__username"]
+    list_select_related = ["message"]
+    date_hierarchy = "updated_at"
+    change_list_template = "admin/conversations/feedback/change_list.html"
+
+    def has_delete_permission(self, request: HttpRequest, obj: Any = None) -> bool:
+        return False  # the user's own to take back
+
+    @admin.display(description="Model", ordering="message__model")
+    def model(self, feedback: Feedback) -> str:
+        return feedback.message.model
+
+    def get_urls(self) -> list[URLPattern]:
+        report = path(
+            "report/",
+            self.admin_site.admin_view(self.report_view),
+            name="conversations_feedback_report",
+        )
+        return [report, *super().get_urls()]
+
+    def report_view(self, request: HttpRequest) -> HttpResponse:
+        """Per model and answering pool: answers, regenerated share, thumbs up and down."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        form = FeedbackPeriodForm(request.GET or None)
+        today = timezone.now().date()
+        since = today - timedelta(days=FEEDBACK_REPORT_DEFAULT_DAYS - 1)
+        until = today
+        if form.is_valid():
+            since = form.cleaned_data["since"] or since
+            until = form.cleaned_data["until"] or until
+        start = datetime.combine(since, time.min, tzinfo=UTC)
+        end = datetime.combine(until + timedelta(days=1), time.min, tzinfo=UTC)
+        context = {
+            **self.admin_site.each_context(request),
+            "title": "Feedback and regenerate rate per model and pool",
+            "opts": self.model._meta,
+            "form": form,
+            "since": since,
+            "until": until,
+            "rows": feedback_report(since=start, until=end),
+        }
+        return TemplateResponse(request, "admin/conversations/feedback/report.html", context)

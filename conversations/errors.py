@@ -28,3 +28,8 @@ class ErrorCode(enum.StrEnum):
     EMPTY_SEARCH = "empty_search"
     SEARCH_TOO_LONG = "search_too_long"
     SEARCH_UNAVAILABLE = "search_unavailable"
+    NOTHING_TO_SHARE = "nothing_to_share"
+    NOT_A_FINISHED_ANSWER = "not_a_finished_answer"
+    INVALID_RATING = "invalid_rating"
+    INVALID_REASON = "invalid_reason"
+    COMMENT_TOO_LONG = "comment_too_long"

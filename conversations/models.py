@@ -197,3 +197,66 @@ class BranchSummary(models.Model):
 
     def __str__(self) -> str:
         return f"Summary through {self.through_message_id}"
+
+
+class Share(models.Model):
+    """A read-only snapshot of a conversation's branch, served to anyone holding its link.
+
+    `messages` is a copy taken at the moment of sharing (role, content, model, created time of
+    each user message and finished answer on the branch then on screen), so later edits,
+    regenerations and branch switches never change what the link shows. Nothing secret is
+    stored: the link is the id signed with SECRET_KEY (conversations/share_tokens.py).
+    """
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    conversation = models.ForeignKey(Conversation, on_delete=models.CASCADE, related_name="shares")
+    title = models.CharField(max_length=200)
+    messages = models.JSONField(
+        default=list, help_text="The snapshot: [{role, content, model, created_at}], oldest first."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    revoked_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["conversation", "-created_at"], name="share_conv_idx")]
+
+    def __str__(self) -> str:
+        return f"Share of {self.title}"
+
+
+class Feedback(models.Model):
+    """A user's thumbs up or down on one answer of their own, with an optional reason."""
+
+    class Rating(models.TextChoices):
+        UP = "up", "Thumbs up"
+        DOWN = "down", "Thumbs down"
+
+    class Reason(models.TextChoices):
+        INACCURATE = "inaccurate", "Not accurate"
+        UNHELPFUL = "unhelpful", "Not helpful"
+        INCOMPLETE = "incomplete", "Incomplete"
+        INSTRUCTIONS = "instructions", "Did not follow instructions"
+        HARMFUL = "harmful", "Harmful or offensive"
+        OTHER = "other", "Other"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    message = models.ForeignKey(Message, on_delete=models.CASCADE, related_name="feedback")
+    user = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="feedback"
+    )
+    rating = models.CharField(max_length=4, choices=Rating.choices)
+    reason = models.CharField(max_length=16, choices=Reason.choices, blank=True)
+    comment = models.CharField(max_length=500, blank=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    class Meta:
+        ordering = ["-updated_at"]
+        verbose_name_plural = "feedback"
+        constraints = [
+            models.UniqueConstraint(fields=["message", "user"], name="feedback_one_per_user"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.get_rating_display()} on {self.message_id}"

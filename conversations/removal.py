@@ -6,6 +6,7 @@ and their reservations given back (an abandoned answer is not charged). After co
 conversation's Redis keys go (the generations' event streams and jobs, the worker affinity,
 a pending summary claim) and the owner's open pages hear of it. Usage stays only in
 billing's ledger (`UsageEvent` keeps the generation id, not a foreign key) and statements.
+Feedback on its answers goes with them, and its share links go too (their pages 404).
 
 By default the row stays as a content-free tombstone; `keep_tombstone=False` leaves none
 (the `/v1` requests of keys that do not keep their conversations).
@@ -30,7 +31,7 @@ from inference.models import Generation
 from inference.services import generations_abandon
 
 from .events import user_event_publish
-from .models import Conversation, Message
+from .models import Conversation, Message, Share
 from .summaries import summary_pending_key
 
 # How long the closing `done` of an answer cut short by a deletion stays for its watchers.
@@ -91,6 +92,8 @@ def _wipe(conversation: Conversation) -> None:
             ]
         )
         Message.objects.filter(conversation=conversation).delete()
+        # A share is a copy of the messages: it goes with them, its link 404 from now on.
+        Share.objects.filter(conversation=conversation).delete()
 
 
 def _drop_row(conversation: Conversation) -> bool:

@@ -19,14 +19,15 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Q
-from django.db.models.functions import Lower
+from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db.models.functions import Coalesce, Lower
 
 from chatsite import jsonbody
 from chatsite.errors import NotFound, ServiceError
 
 from .errors import ErrorCode
-from .models import Conversation, Folder, Message
+from .models import Conversation, Feedback, Folder, Message, Share
+from .share_tokens import share_id_from_token
 
 SIDEBAR_MAX_LIMIT = 100
 
@@ -245,3 +246,150 @@ def question_of(*, message_id: Any) -> Any | None:
             return parent_id
         parent_id = next_parent
     return None
+
+
+# Share links
+
+SHARES_MAX_LISTED = 200
+
+
+def share_for_user(*, user: Any, share_id: uuid.UUID) -> Share:
+    """The share if `user` owns its (live) conversation; otherwise NotFound."""
+    if not getattr(user, "is_authenticated", False):
+        raise NotFound("Share not found.")
+    share = Share.objects.filter(
+        pk=share_id, conversation__owner_id=user.pk, conversation__deleted_at__isnull=True
+    ).first()
+    if share is None:
+        raise NotFound("Share not found.")
+    return share
+
+
+def shares_of(*, user: Any, conversation: Conversation | None = None) -> list[Share]:
+    """The user's shares, newest first (revoked ones too, marked), of one conversation if
+    given; at most SHARES_MAX_LISTED, in one query. The snapshots are not read."""
+    shares = (
+        Share.objects.filter(conversation__owner_id=user.pk, conversation__deleted_at__isnull=True)
+        .defer("messages")
+        .order_by("-created_at", "-id")
+    )
+    if conversation is not None:
+        shares = shares.filter(conversation_id=conversation.pk)
+    return list(shares[:SHARES_MAX_LISTED])
+
+
+def shared_snapshot(*, token: str) -> Share:
+    """The share a link's token opens, for anyone; NotFound for a malformed or forged token,
+    a revoked share, or one whose conversation was deleted."""
+    share_id = share_id_from_token(token=token)
+    share = (
+        Share.objects.filter(
+            pk=share_id, revoked_at__isnull=True, conversation__deleted_at__isnull=True
+        ).first()
+        if share_id is not None
+        else None
+    )
+    if share is None:
+        raise NotFound("This shared conversation does not exist or is no longer shared.")
+    return share
+
+
+# Feedback
+
+
+def feedback_of(*, user_id: Any, message_ids: Sequence[Any]) -> dict[Any, Feedback]:
+    """The user's feedback on these messages, by message id, in one query."""
+    if not message_ids:
+        return {}
+    rows = Feedback.objects.filter(user_id=user_id, message_id__in=message_ids)
+    return {feedback.message_id: feedback for feedback in rows}
+
+
+@dataclass(frozen=True)
+class FeedbackRow:
+    """One line of the staff's feedback report: a model and the pool that answered."""
+
+    model: str
+    pool: str
+    answers: int
+    regenerated: int
+    thumbs_up: int
+    thumbs_down: int
+
+    @property
+    def regenerate_rate(self) -> float | None:
+        """The share of the answers that were asked again (None without answers)."""
+        return self.regenerated / self.answers if self.answers else None
+
+
+def feedback_report(*, since: datetime, until: datetime) -> list[FeedbackRow]:
+    """Per model and answering pool, over answers written in [since, until): how many, how
+    many were regenerated, and the thumbs up and down they got.
+
+    An answer is a message with a generation (so the tool loop's intermediate rounds are not
+    counted). It was regenerated when a later answer hangs under the same parent: Regenerate
+    adds a sibling under the question, where an edit forks the question itself and so is no
+    regeneration. An answer that followed tool rounds hangs under its last tool result while
+    its regeneration starts under the question, so such an answer is not seen as regenerated.
+    The pool is the one that answered (`Generation.served_pool`, else the one asked).
+    Two grouped queries, whatever the period.
+    """
+    later_sibling = Message.objects.filter(
+        parent_id=OuterRef("parent_id"),
+        role=Message.Role.ASSISTANT,
+        generation__isnull=False,
+        created_at__gt=OuterRef("created_at"),
+    )
+    pool = Coalesce(F("generation__served_pool__name"), F("generation__pool__name"))
+    answers = (
+        Message.objects.filter(
+            role=Message.Role.ASSISTANT,
+            generation__isnull=False,
+            created_at__gte=since,
+            created_at__lt=until,
+        )
+        .annotate(pool_name=pool, was_regenerated=Exists(later_sibling))
+        .values("model", "pool_name")
+        .annotate(
+            answers=Count("pk"),
+            regenerated=Count("pk", filter=Q(was_regenerated=True)),
+        )
+    )
+    thumbs = (
+        Feedback.objects.filter(
+            message__generation__isnull=False,
+            message__created_at__gte=since,
+            message__created_at__lt=until,
+        )
+        .annotate(
+            model=F("message__model"),
+            pool_name=Coalesce(
+                F("message__generation__served_pool__name"), F("message__generation__pool__name")
+            ),
+        )
+        .values("model", "pool_name")
+        .annotate(
+            up=Count("pk", filter=Q(rating=Feedback.Rating.UP)),
+            down=Count("pk", filter=Q(rating=Feedback.Rating.DOWN)),
+        )
+    )
+    counts: dict[tuple[str, str], dict[str, int]] = defaultdict(
+        lambda: {"answers": 0, "regenerated": 0, "up": 0, "down": 0}
+    )
+    for row in answers:
+        line = counts[(row["model"], row["pool_name"])]
+        line["answers"], line["regenerated"] = row["answers"], row["regenerated"]
+    for row in thumbs:
+        line = counts[(row["model"], row["pool_name"])]
+        line["up"], line["down"] = row["up"], row["down"]
+    return [
+        FeedbackRow(
+            model=model,
+            pool=pool_name,
+            answers=line["answers"],
+            regenerated=line["regenerated"],
+            thumbs_up=line["up"],
+            thumbs_down=line["down"],
+        )
+        for (model, pool_name), line in sorted(counts.items())
+    ]

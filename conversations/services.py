@@ -27,8 +27,8 @@ from django.utils import timezone
 from chatsite.errors import ServiceError
 
 from .errors import ErrorCode
-from .models import Conversation, Folder, Message
-from .selectors import message_ancestry
+from .models import Conversation, Feedback, Folder, Message, Share
+from .selectors import active_branch, message_ancestry
 
 IN_PROGRESS_STATUSES = (Message.Status.QUEUED, Message.Status.STREAMING)
 # A user message answers the system prompt or an assistant turn, never another user turn.
@@ -565,3 +565,116 @@ def conversation_organize(
             update_fields.append("pinned")
         conversation.save(update_fields=list(dict.fromkeys(update_fields)))
     return conversation
+
+
+# Share links: a snapshot of a branch for anyone holding the link (conversations/share_tokens.py).
+
+# What a shared page shows of an answer: the finished ones, as the chat page shows them.
+SHARED_ANSWER_STATUSES = (Message.Status.COMPLETE, Message.Status.CANCELLED)
+
+
+def _shown_in_share(message: Message) -> bool:
+    if message.role == Message.Role.USER:
+        return True
+    if message.role != Message.Role.ASSISTANT or message.status not in SHARED_ANSWER_STATUSES:
+        return False
+    # A tool round's calls are the model's working, not its answer; the answer follows them.
+    return bool(message.content) and not message.metadata.get("tool_calls")
+
+
+def share_create(*, conversation: Conversation) -> Share:
+    """A snapshot of the branch on screen: its user messages and finished answers (role,
+    content, model, created time) and the title, copied, so that later edits, regenerations
+    and branch switches leave the shared page as it was. Tool calls and results, answers
+    still being written, failed or withheld by moderation, and the system prompt stay out.
+    """
+    with transaction.atomic():
+        _lock(conversation)  # a branch switch cannot move the leaf while it is copied
+        snapshot = [
+            {
+                "role": message.role,
+                "content": message.content,
+                "model": message.model if message.role == Message.Role.ASSISTANT else "",
+                "created_at": message.created_at.isoformat(),
+            }
+            for message in active_branch(conversation=conversation)
+            if _shown_in_share(message)
+        ]
+        if not snapshot:
+            raise ServiceError(
+                ErrorCode.NOTHING_TO_SHARE, "There is no message to share in this conversation."
+            )
+        return Share.objects.create(
+            conversation=conversation,
+            title=conversation.title or "Shared conversation",
+            messages=snapshot,
+        )
+
+
+def share_revoke(*, share: Share) -> Share:
+    """Stop serving the share's link (404 from now on); revoking it again changes nothing."""
+    if share.revoked_at is None:
+        Share.objects.filter(pk=share.pk, revoked_at__isnull=True).update(revoked_at=timezone.now())
+        share.refresh_from_db(fields=["revoked_at"])
+    return share
+
+
+# Feedback on answers: thumbs up or down, with an optional reason.
+
+FEEDBACK_COMMENT_MAX_CHARS = 500
+FEEDBACK_ANSWER_STATUSES = (Message.Status.COMPLETE, Message.Status.CANCELLED)
+
+
+def _check_feedback_answer(message: Message) -> None:
+    if message.role != Message.Role.ASSISTANT:
+        raise ServiceError(
+            ErrorCode.NOT_AN_ASSISTANT_MESSAGE, "Only an answer can be given feedback."
+        )
+    if message.status not in FEEDBACK_ANSWER_STATUSES or message.metadata.get("tool_calls"):
+        raise ServiceError(
+            ErrorCode.NOT_A_FINISHED_ANSWER,
+            "Feedback is for a finished answer.",
+            status=409,
+            detail={"status": message.status},
+        )
+
+
+def feedback_set(
+    *, message: Message, user: Any, rating: str, reason: str = "", comment: str = ""
+) -> Feedback:
+    """Give or change `user`'s feedback on an answer: one per user and answer (a second call
+    replaces the first). `reason` (one of `Feedback.Reason`) goes with a thumbs down only;
+    `comment` is short free text, trimmed, at most FEEDBACK_COMMENT_MAX_CHARS."""
+    _check_feedback_answer(message)
+    if rating not in Feedback.Rating.values:
+        raise ServiceError(
+            ErrorCode.INVALID_RATING,
+            "The rating is up or down.",
+            detail={"allowed": list(Feedback.Rating.values)},
+        )
+    if reason and (rating != Feedback.Rating.DOWN or reason not in Feedback.Reason.values):
+        raise ServiceError(
+            ErrorCode.INVALID_REASON,
+            "A reason goes with a thumbs down, and is one of the listed ones.",
+            detail={"allowed": list(Feedback.Reason.values)},
+        )
+    comment = comment.strip()
+    if len(comment) > FEEDBACK_COMMENT_MAX_CHARS:
+        raise ServiceError(
+            ErrorCode.COMMENT_TOO_LONG,
+            f"A comment may hold at most {FEEDBACK_COMMENT_MAX_CHARS} characters.",
+            detail={"max_chars": FEEDBACK_COMMENT_MAX_CHARS, "chars": len(comment)},
+        )
+    # The unique constraint settles two first answers at once (update_or_create retries).
+    feedback, _ = Feedback.objects.update_or_create(
+        message=message,
+        user_id=user.pk,
+        defaults={"rating": rating, "reason": reason, "comment": comment},
+    )
+    return feedback
+
+
+def feedback_remove(*, message: Message, user: Any) -> bool:
+    """Take back `user`'s feedback on an answer; False if there was none."""
+    deleted, _ = Feedback.objects.filter(message=message, user_id=user.pk).delete()
+    return deleted > 0

@@ -3,6 +3,8 @@
 One page serves both a new chat (`/`) and an existing conversation (`/c/<id>`); the
 browser code in `static/js/` does the rest through the JSON API. The page carries only what
 the API does not offer: the models the user's plan may use, for the picker.
+
+A share link's page (`/s/<token>`) is open to anyone, logged out included.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import render, resolve_url
 from django.views.decorators.csrf import ensure_csrf_cookie
+from django.views.decorators.http import require_safe
 
 from billing.selectors import plan_for_user, pools_for_plan
 from chatsite.auth import request_user
@@ -66,3 +69,28 @@ def conversation(request: HttpRequest, conversation_id: uuid.UUID) -> HttpRespon
     except NotFound as exc:
         raise Http404(exc.message) from exc
     return _chat_page(request, found)
+
+
+@require_safe
+def shared(request: HttpRequest, token: str) -> HttpResponse:
+    """A shared snapshot, read-only, for anyone holding the link; 404 for a malformed, forged
+    or revoked token and for a deleted conversation's share.
+
+    The page carries the snapshot and nothing of its owner (no name, no ids), asks search
+    engines not to index it, and sends no Referer from it: the link is the only secret.
+    """
+    try:
+        share = selectors.shared_snapshot(token=token)
+    except NotFound as exc:
+        raise Http404(exc.message) from exc
+    data = {"title": share.title, "createdAt": share.created_at.isoformat()}
+    data["messages"] = [
+        {name: str(message.get(name, "")) for name in ("role", "content", "model", "created_at")}
+        for message in share.messages
+    ]
+    response = render(request, "conversations/shared.html", {"share": share, "shared": data})
+    response["X-Robots-Tag"] = "noindex, nofollow"
+    response["Referrer-Policy"] = "no-referrer"
+    # A revoked link stops at once: no cache keeps serving it.
+    response["Cache-Control"] = "no-store"
+    return response

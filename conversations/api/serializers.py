@@ -12,7 +12,7 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from conversations.models import Conversation, Folder, Message
+from conversations.models import Conversation, Feedback, Folder, Message, Share
 from conversations.search import SEARCH_MAX_LIMIT
 from conversations.selectors import (
     SIDEBAR_MAX_LIMIT,
@@ -135,6 +135,9 @@ class BranchMessageSerializer(MessageSerializer):
     generation_id = serializers.SerializerMethodField(
         help_text="The generation that produced (or is producing) this answer."
     )
+    feedback = serializers.SerializerMethodField(
+        help_text="Your thumbs on this answer (rating, reason, comment); null if none."
+    )
 
     class Meta(MessageSerializer.Meta):
         fields = [
@@ -143,8 +146,16 @@ class BranchMessageSerializer(MessageSerializer):
             "sibling_count",
             "sibling_ids",
             "generation_id",
+            "feedback",
         ]
         read_only_fields = fields
+
+    @extend_schema_field(serializers.DictField(allow_null=True))
+    def get_feedback(self, message: Message) -> dict[str, str] | None:
+        feedback: Feedback | None = self.context.get("feedback", {}).get(message.pk)
+        if feedback is None:
+            return None
+        return {"rating": feedback.rating, "reason": feedback.reason, "comment": feedback.comment}
 
     def get_generation_id(self, message: Message) -> str | None:
         generation_id = self.context.get("generations", {}).get(message.pk)
@@ -342,3 +353,54 @@ class TurnSerializer(serializers.Serializer[Any]):
     assistant_message = MessageSerializer(help_text="Queued; its text arrives by generation.")
     current_leaf_id = serializers.UUIDField()
     generation = TurnGenerationSerializer()
+
+
+class ShareSerializer(serializers.ModelSerializer[Share]):
+    """A share link of the caller's: `url` opens it for anyone until it is revoked."""
+
+    conversation_id = serializers.UUIDField(read_only=True)
+    revoked = serializers.SerializerMethodField()
+    # Reads `urls` from the context: share id -> the link's absolute URL.
+    url = serializers.SerializerMethodField()
+
+    class Meta:
+        model = Share
+        fields = ["id", "conversation_id", "title", "url", "revoked", "created_at", "revoked_at"]
+        read_only_fields = fields
+
+    def get_revoked(self, share: Share) -> bool:
+        return share.revoked_at is not None
+
+    def get_url(self, share: Share) -> str:
+        url: str = self.context["urls"][share.pk]
+        return url
+
+
+class ShareListSerializer(serializers.Serializer[Any]):
+    results = ShareSerializer(many=True)
+
+
+class ShareQuerySerializer(serializers.Serializer[Any]):
+    conversation_id = serializers.UUIDField(required=False, help_text="Only this conversation's.")
+
+
+class FeedbackSerializer(serializers.ModelSerializer[Feedback]):
+    message_id = serializers.UUIDField(read_only=True)
+
+    class Meta:
+        model = Feedback
+        fields = ["message_id", "rating", "reason", "comment", "created_at", "updated_at"]
+        read_only_fields = fields
+
+
+class FeedbackWriteSerializer(serializers.Serializer[Any]):
+    rating = StrictCharField(help_text="up or down", trim_whitespace=False)
+    reason = StrictCharField(
+        required=False,
+        allow_blank=True,
+        default="",
+        help_text="With a thumbs down: " + ", ".join(Feedback.Reason.values),
+    )
+    comment = StrictCharField(
+        required=False, allow_blank=True, default="", trim_whitespace=False, help_text="Short."
+    )

@@ -4,7 +4,7 @@ from django.urls import path
 
 from chatsite.threads import threaded_view
 
-from . import events, organize, views
+from . import events, organize, sharing, views
 
 # The turn's endpoints run on the edge's pool of threads (`chatsite.threads`): sends that
 # arrive at once overlap instead of queueing on the process's one sync thread.
@@ -45,6 +45,18 @@ urlpatterns = [
         views.BranchSwitchView.as_view(),
         name="branch-switch",
     ),
+    path(
+        "conversations/<uuid:conversation_id>/messages/<uuid:message_id>/feedback",
+        sharing.MessageFeedbackView.as_view(),
+        name="message-feedback",
+    ),
+    path(
+        "conversations/<uuid:conversation_id>/shares",
+        sharing.ConversationShareView.as_view(),
+        name="conversation-share",
+    ),
+    path("shares", sharing.ShareListView.as_view(), name="share-list"),
+    path("shares/<uuid:share_id>/revoke", sharing.ShareRevokeView.as_view(), name="share-revoke"),
     path("folders", organize.FolderListView.as_view(), name="folder-list"),
     path("folders/<uuid:folder_id>", organize.FolderDetailView.as_view(), name="folder-detail"),
     path("search", organize.SearchView.as_view(), name="message-search"),

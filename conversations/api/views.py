@@ -59,12 +59,18 @@ def _idempotency_key(request: Request) -> str | None:
 def _detail(conversation: Conversation) -> dict[str, Any]:
     branch = selectors.active_branch(conversation=conversation)
     positions = selectors.sibling_positions(branch=branch)
-    generations = generation_ids_for_messages(
-        message_ids=[m.pk for m in branch if m.role == m.Role.ASSISTANT]
-    )
+    answer_ids = [m.pk for m in branch if m.role == m.Role.ASSISTANT]
+    generations = generation_ids_for_messages(message_ids=answer_ids)
+    # Only the owner reaches this detail, and only the owner gives feedback here.
+    feedback = selectors.feedback_of(user_id=conversation.owner_id, message_ids=answer_ids)
     serializer = ConversationDetailSerializer(
         conversation,
-        context={"branch": branch, "positions": positions, "generations": generations},
+        context={
+            "branch": branch,
+            "positions": positions,
+            "generations": generations,
+            "feedback": feedback,
+        },
     )
     return dict(serializer.data)
 
