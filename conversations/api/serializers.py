@@ -214,7 +214,11 @@ class ConversationDetailSerializer(ConversationSerializer):
     def get_messages(self, conversation: Conversation) -> Any:
         branch: list[Message] = self.context["branch"]
         positions = dict(zip([m.pk for m in branch], self.context["positions"], strict=True))
-        context = {"positions": positions, "generations": self.context.get("generations", {})}
+        context = {
+            "positions": positions,
+            "generations": self.context.get("generations", {}),
+            "feedback": self.context.get("feedback", {}),
+        }
         return BranchMessageSerializer(branch, many=True, context=context).data
 
 
