@@ -23,7 +23,7 @@ from billing.selectors import plan_for_user, pools_for_plan
 from chatsite.auth import request_user
 from chatsite.errors import NotFound
 from conversations import selectors
-from conversations.models import Conversation
+from conversations.models import Conversation, Feedback
 from inference.services import generation_pages_shown
 from moderation.selectors import warnings_unseen
 
@@ -40,6 +40,7 @@ def _chat_page(request: HttpRequest, conversation: Conversation | None) -> HttpR
         "defaultModel": default_model or (models[0] if models else None),
         "messageMaxChars": settings.MESSAGE_MAX_CHARS,
         "loginUrl": resolve_url(settings.LOGIN_URL),
+        "feedbackReasons": [list(choice) for choice in Feedback.Reason.choices],
     }
     context = {
         "conversation": conversation,

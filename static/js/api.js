@@ -131,3 +131,14 @@ export function searchMessages({ q, cursor = null }) {
   if (cursor) params.set("cursor", cursor);
   return request("GET", `search?${params}`);
 }
+
+// Share links and feedback (#18).
+export const shareConversation = (conversationId) =>
+  request("POST", `conversations/${id(conversationId)}/shares`);
+export const listShares = () => request("GET", "shares");
+export const revokeShare = (shareId) => request("POST", `shares/${id(shareId)}/revoke`);
+/** `feedback`: {rating: "up" | "down", reason?, comment?}. */
+export const setFeedback = (conversationId, messageId, feedback) =>
+  request("PUT", `conversations/${id(conversationId)}/messages/${id(messageId)}/feedback`, feedback);
+export const removeFeedback = (conversationId, messageId) =>
+  request("DELETE", `conversations/${id(conversationId)}/messages/${id(messageId)}/feedback`);

@@ -9,6 +9,7 @@
 import * as api from "./api.js";
 import { isInProgress, messageElement, startEdit, updateAssistant, withToolSteps } from "./messages.js";
 import { MessageSearch } from "./search.js";
+import { ShareDialog } from "./shares.js";
 import { displayTitle, Sidebar } from "./sidebar.js";
 import { GenerationStream } from "./stream.js";
 import { ToolsMenu } from "./tools.js";
@@ -36,6 +37,7 @@ const ui = {
   closeSidebar: byId("close-sidebar"),
   backdrop: byId("sidebar-backdrop"),
   newChat: byId("new-chat"),
+  shareOpen: byId("share-open"),
 };
 
 const FINAL_STATUS = { complete: "complete", cancelled: "cancelled" };
@@ -104,6 +106,7 @@ function setHeader(conversation) {
   ui.modelName.textContent = conversation ? conversation.model : "";
   ui.modelName.hidden = !conversation;
   ui.modelChoice.hidden = Boolean(conversation);
+  ui.shareOpen.hidden = !conversation;
 }
 
 function showNewChat({ push }) {
@@ -206,6 +209,8 @@ function contextFor(message) {
     onEdit,
     onRegenerate,
     onSwitch,
+    onFeedback,
+    feedbackReasons: config.feedbackReasons,
   };
 }
 
@@ -460,6 +465,24 @@ async function onSwitch(message, siblingId) {
   }
 }
 
+/** Save the user's thumbs on an answer (#18); null takes them back. Resolves to what is now
+ * saved, or undefined when it failed (the error is shown). */
+async function onFeedback(message, feedback) {
+  const id = state.conversation?.id;
+  if (!id) return undefined;
+  try {
+    if (feedback === null) {
+      await api.removeFeedback(id, message.id);
+      return null;
+    }
+    const saved = await api.setFeedback(id, message.id, feedback);
+    return { rating: saved.rating, reason: saved.reason, comment: saved.comment };
+  } catch (error) {
+    showError(error);
+    return undefined;
+  }
+}
+
 const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));
 
 async function stopAnswer() {
@@ -528,6 +551,7 @@ const sidebarHandlers = {
 };
 const sidebar = new Sidebar(sidebarHandlers);
 new MessageSearch({ onOpenMessage: openMessage, onError: showError });
+new ShareDialog({ conversationId: () => state.conversation?.id ?? null });
 
 // Events of this user from the server (titles written in the background, deletions made in
 // another tab or by history retention). EventSource reconnects by itself with Last-Event-ID.

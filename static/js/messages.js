@@ -265,6 +265,84 @@ export function updateAssistant(item, message, context) {
     if (view.status === "failed" || view.status === "lost") regenerate.classList.add("primary");
     actions.append(regenerate);
   }
+  if (context.onFeedback && FEEDBACK_STATUSES.has(view.status) && view.text && !context.stream) {
+    actions.append(feedbackButtons(item, message, context));
+  }
+}
+
+// Feedback (#18): thumbs up or down under a finished answer, the chosen one pressed; a thumbs
+// down asks for an optional reason. `context.onFeedback(message, feedback)` saves it (null
+// takes it back) and resolves to the saved feedback; the answer is then drawn again.
+const FEEDBACK_STATUSES = new Set(["complete", "cancelled"]);
+
+function feedbackButtons(item, message, context) {
+  const group = element("div", "feedback");
+  group.setAttribute("role", "group");
+  group.setAttribute("aria-label", "Rate this answer");
+  const rating = message.feedback ? message.feedback.rating : null;
+  const save = async (feedback) => {
+    closeReasonForm(item);
+    const saved = await context.onFeedback(message, feedback);
+    if (saved === undefined) return;
+    message.feedback = saved;
+    updateAssistant(item, message, context);
+  };
+  const up = button("👍", "Good answer", () => save(rating === "up" ? null : { rating: "up" }), "action thumb");
+  up.setAttribute("aria-pressed", String(rating === "up"));
+  const down = button("👎", "Bad answer", () => {
+    if (rating === "down") save(null);
+    else openReasonForm(item, message, context, save);
+  }, "action thumb");
+  down.setAttribute("aria-pressed", String(rating === "down"));
+  group.append(up, down);
+  if (rating === "down" && message.feedback.reason) {
+    const label = (context.feedbackReasons || []).find(([value]) => value === message.feedback.reason);
+    group.append(element("span", "feedback-reason-chosen", label ? label[1] : message.feedback.reason));
+  }
+  return group;
+}
+
+function closeReasonForm(item) {
+  const form = item.querySelector(".feedback-form");
+  if (form) form.remove();
+}
+
+function openReasonForm(item, message, context, save) {
+  closeReasonForm(item);
+  const form = element("form", "feedback-form");
+  form.setAttribute("aria-label", "What was wrong with this answer?");
+  const legend = element("p", "feedback-form-title", "What was wrong with this answer? (optional)");
+  const reasonLabel = element("label", "visually-hidden", "Reason");
+  const reason = element("select", "feedback-reason");
+  reason.id = `feedback-reason-${message.id}`;
+  reasonLabel.htmlFor = reason.id;
+  reason.append(new Option("No reason", ""));
+  for (const [value, label] of context.feedbackReasons || []) reason.append(new Option(label, value));
+  const commentLabel = element("label", "visually-hidden", "Comment");
+  const comment = element("input", "feedback-comment");
+  comment.id = `feedback-comment-${message.id}`;
+  commentLabel.htmlFor = comment.id;
+  comment.type = "text";
+  comment.maxLength = 500;
+  comment.placeholder = "Anything to add? (optional)";
+  const send = element("button", "primary", "Send feedback");
+  send.type = "submit";
+  const cancel = button("Cancel", "Cancel the feedback", () => closeReasonForm(item), "action");
+  const row = element("div", "edit-actions");
+  row.append(cancel, send);
+  form.append(legend, reasonLabel, reason, commentLabel, comment, row);
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    save({ rating: "down", reason: reason.value, comment: comment.value });
+  });
+  form.addEventListener("keydown", (event) => {
+    if (event.key !== "Escape") return;
+    event.preventDefault();
+    event.stopPropagation();
+    closeReasonForm(item);
+  });
+  item.querySelector(".message-actions").after(form);
+  reason.focus();
 }
 
 /** Swap a user message's text for an edit box; `onSubmit(text)` sends the edit. */
