@@ -164,7 +164,7 @@ class FeedbackAdmin(ReadOnlyAdmin[Feedback]):
     and down and the regenerate rate over a chosen period. Both need the view permission on
     feedback (`conversations.view_feedback`); a staff member without it gets 403."""
 
-    list_display = ["__str__", "rating", "reason", "model", "updated_at"]
+    list_display = ["__str__", "rating", "reason", "answer_model", "updated_at"]
     list_filter = ["rating", "reason", "message__model"]
     search_fields = ["comment", "user__username"]
     list_select_related = ["message"]
@@ -175,7 +175,7 @@ class FeedbackAdmin(ReadOnlyAdmin[Feedback]):
         return False  # the user's own to take back
 
     @admin.display(description="Model", ordering="message__model")
-    def model(self, feedback: Feedback) -> str:
+    def answer_model(self, feedback: Feedback) -> str:
         return feedback.message.model
 
     def get_urls(self) -> list[URLPattern]:

@@ -379,9 +379,9 @@ def feedback_report(*, since: datetime, until: datetime) -> list[FeedbackRow]:
     for row in answers:
         line = counts[(row["model"], row["pool_name"])]
         line["answers"], line["regenerated"] = row["answers"], row["regenerated"]
-    for row in thumbs:
-        line = counts[(row["model"], row["pool_name"])]
-        line["up"], line["down"] = row["up"], row["down"]
+    for thumb in thumbs:
+        line = counts[(thumb["model"], thumb["pool_name"])]
+        line["up"], line["down"] = thumb["up"], thumb["down"]
     return [
         FeedbackRow(
             model=model,

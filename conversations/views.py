@@ -72,6 +72,10 @@ def conversation(request: HttpRequest, conversation_id: uuid.UUID) -> HttpRespon
     return _chat_page(request, found)
 
 
+# What the shared page gets of each message of the snapshot: nothing else reaches it.
+SHARED_MESSAGE_FIELDS = ("role", "content", "model", "created_at")
+
+
 @require_safe
 def shared(request: HttpRequest, token: str) -> HttpResponse:
     """A shared snapshot, read-only, for anyone holding the link; 404 for a malformed, forged
@@ -84,11 +88,14 @@ def shared(request: HttpRequest, token: str) -> HttpResponse:
         share = selectors.shared_snapshot(token=token)
     except NotFound as exc:
         raise Http404(exc.message) from exc
-    data = {"title": share.title, "createdAt": share.created_at.isoformat()}
-    data["messages"] = [
-        {name: str(message.get(name, "")) for name in ("role", "content", "model", "created_at")}
-        for message in share.messages
-    ]
+    data = {
+        "title": share.title,
+        "createdAt": share.created_at.isoformat(),
+        "messages": [
+            {name: str(message.get(name, "")) for name in SHARED_MESSAGE_FIELDS}
+            for message in share.messages
+        ],
+    }
     response = render(request, "conversations/shared.html", {"share": share, "shared": data})
     response["X-Robots-Tag"] = "noindex, nofollow"
     response["Referrer-Policy"] = "no-referrer"

@@ -264,6 +264,7 @@ def test_staff_with_the_view_permission_see_the_report_with_its_figures(seeded: 
         in html
     )
     assert listing.status_code == 200 and REPORT in listing.content.decode()
+    assert f'<td class="field-answer_model">{BIG}</td>' in listing.content.decode()
     # A chosen period: the 40-day-old answer counts too.
     today = timezone.now().date()
     since = (today - timedelta(days=60)).isoformat()

@@ -12,6 +12,7 @@ import pytest
 from django.test import Client, override_settings
 from rest_framework.test import APIClient
 
+from accounts.tests.factories import UserFactory
 from chatsite.errors import NotFound, ServiceError
 from chatsite.testing import assert_error
 from conversations.models import Conversation, Message, Share
@@ -300,3 +301,17 @@ def test_listing_shares_stays_within_its_query_budget(
     with django_assert_max_num_queries(2):
         response = api_client.get(SHARES)
     assert len(response.json()["results"]) == 5
+
+
+def test_staff_see_shares_read_only_in_the_admin(conversation: Conversation) -> None:
+    share = share_create(conversation=conversation)
+    staff = Client()
+    staff.force_login(UserFactory.create(is_staff=True, is_superuser=True))
+
+    listing = staff.get("/admin/conversations/share/")
+    page = staff.get(f"/admin/conversations/share/{share.pk}/change/")
+
+    assert listing.status_code == 200 and "Share of Trip to Lisbon" in listing.content.decode()
+    assert page.status_code == 200 and "The Alfama." in page.content.decode()
+    assert share_token(share_id=share.pk) not in page.content.decode()
+    assert staff.post(f"/admin/conversations/share/{share.pk}/delete/").status_code == 403
