@@ -156,9 +156,9 @@ def test_the_shared_page_is_served_to_a_logged_out_visitor_without_owner_data(
     assert '<script id="shared-data" type="application/json">' in html
     for owner_data in (user.username, user.email, str(conversation.pk)):
         assert owner_data not in html
-    data = json.loads(
-        re.search(r'id="shared-data" type="application/json">(.*?)</script>', html)[1]
-    )
+    found = re.search(r'id="shared-data" type="application/json">(.*?)</script>', html)
+    assert found is not None
+    data = json.loads(found[1])
     assert set(data) == {"title", "createdAt", "messages"}
     assert {key for message in data["messages"] for key in message} == {
         "role",
