@@ -66,3 +66,12 @@ def conversation(request: HttpRequest, conversation_id: uuid.UUID) -> HttpRespon
     except NotFound as exc:
         raise Http404(exc.message) from exc
     return _chat_page(request, found)
+
+
+@login_required
+@ensure_csrf_cookie
+def data(request: HttpRequest) -> HttpResponse:
+    """Your data (#18): download all of it as a zip; import conversations (ChatGPT's export,
+    or this service's), with the import's progress (static/js/data.js)."""
+    config = {"importMaxBytes": settings.IMPORT_MAX_BYTES}
+    return render(request, "conversations/data.html", {"data_config": config})

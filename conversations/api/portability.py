@@ -122,11 +122,15 @@ class ConversationExportView(APIView):
         )
 
 
+def _next_chunk(chunks: Iterator[bytes]) -> bytes | None:
+    return next(chunks, None)
+
+
 async def _async_chunks(chunks: Iterator[bytes]) -> AsyncIterator[bytes]:
     # Each chunk is made on Django's thread for sync code (it reads the database).
-    pull = sync_to_async(next, thread_sensitive=True)
+    pull = sync_to_async(_next_chunk, thread_sensitive=True)
     while True:
-        chunk = await pull(chunks, None)
+        chunk = await pull(chunks)
         if chunk is None:
             return
         yield chunk
@@ -184,7 +188,7 @@ class ImportListView(APIView):
             )
         job = import_services.import_job_create(
             owner=request_user(request),
-            file=upload,  # type: ignore[arg-type] (an UploadedFile reads as a binary file)
+            file=upload,
             filename=upload.name or "",
             size=upload.size or 0,
         )

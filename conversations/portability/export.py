@@ -233,10 +233,14 @@ def _usage_lines(user: Any) -> Iterator[bytes]:
         )
     )
     for event in events.iterator(chunk_size=2000):
-        event["model"] = event.pop("pool__name")
-        event["generation_id"] = str(event["generation_id"])
-        event["occurred_at"] = _iso(event["occurred_at"])
-        yield json.dumps(event, ensure_ascii=False).encode() + b"\n"
+        line = {
+            **event,
+            "model": event["pool__name"],
+            "generation_id": str(event["generation_id"]),
+            "occurred_at": _iso(event["occurred_at"]),
+        }
+        del line["pool__name"]
+        yield json.dumps(line, ensure_ascii=False).encode() + b"\n"
 
 
 def _conversation_file(conversation_id: Any, as_markdown: bool) -> Iterator[bytes]:

@@ -370,7 +370,8 @@ def _chatgpt_message(
     role = author.get("role") if isinstance(author, dict) else None
     if not isinstance(role, str):
         raise _shape(f"The message of node {key!r} has no author.role.", **where)
-    metadata = body.get("metadata") if isinstance(body.get("metadata"), dict) else {}
+    found = body.get("metadata")
+    metadata: dict[str, Any] = found if isinstance(found, dict) else {}
     if role not in CHATGPT_KEPT_ROLES or metadata.get("is_visually_hidden_from_conversation"):
         return None
     content = body.get("content")

@@ -33,7 +33,7 @@ def node(
     metadata: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """A node of a mapping; without `role`, the message-less root."""
-    message = None
+    message: dict[str, Any] | None = None
     if role is not None:
         message = {
             "id": node_id,

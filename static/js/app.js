@@ -7,6 +7,7 @@
 // screen, so leaving a conversation never abandons an answer.
 
 import * as api from "./api.js";
+import { showExport } from "./exporting.js";
 import { isInProgress, messageElement, startEdit, updateAssistant, withToolSteps } from "./messages.js";
 import { MessageSearch } from "./search.js";
 import { displayTitle, Sidebar } from "./sidebar.js";
@@ -104,6 +105,7 @@ function setHeader(conversation) {
   ui.modelName.textContent = conversation ? conversation.model : "";
   ui.modelName.hidden = !conversation;
   ui.modelChoice.hidden = Boolean(conversation);
+  showExport(conversation);
 }
 
 function showNewChat({ push }) {
