@@ -9,6 +9,7 @@ switches between its two branches.
 from __future__ import annotations
 
 import json
+import zipfile
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -108,6 +109,16 @@ def test_a_chatgpt_export_is_imported_with_progress_and_its_branches_switch(
     document = json.loads(Path(download.value.path()).read_text())
     capybaras = Conversation.objects.get(owner=user, title="Capybara facts")
     assert document["conversation"]["id"] == str(capybaras.pk)
+
+    # All of the account's data, streamed by the edge as a zip.
+    page.get_by_role("link", name="Your data").click()
+    with page.expect_download() as download:
+        page.get_by_role("link", name="Download all your data").click()
+    with zipfile.ZipFile(download.value.path()) as archive:
+        names = set(archive.namelist())
+        assert f"conversations/{capybaras.pk}.json" in names
+        assert len([n for n in names if n.endswith(".md")]) == 2
+        assert json.loads(archive.read("account.json"))["username"] == user.username
     assert errors == []
 
 
