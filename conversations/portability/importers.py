@@ -410,6 +410,8 @@ def _chatgpt_text(content: dict[str, Any], content_type: str, *, where: dict[str
             if isinstance(part, str):
                 if part:
                     pieces.append(part)
+            elif isinstance(part, dict) and isinstance(part.get("text"), str):
+                pieces.append(part["text"])  # e.g. a voice message's transcription
             elif isinstance(part, dict):
                 kind = part.get("content_type") or "attachment"
                 pieces.append(f"[{str(kind).replace('_', ' ')} not imported]")

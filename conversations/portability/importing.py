@@ -32,6 +32,7 @@ from chatsite.redis import sync_redis
 
 from .. import services
 from ..errors import ErrorCode
+from ..events import user_event_publish
 from ..models import Conversation, Folder, ImportChunk, ImportJob, Message
 from .formats import ImportFault, ParsedConversation
 from .importers import read_file
@@ -102,6 +103,11 @@ def _update(job: ImportJob, **values: Any) -> None:
     job.save(update_fields=list(values))
 
 
+def import_job_fail(*, job: ImportJob, fault: ServiceError) -> None:
+    """End the job `failed` with `fault` as its error, its pieces removed."""
+    _fail(job, fault)
+
+
 def _fail(job: ImportJob, fault: ServiceError) -> None:
     with transaction.atomic():
         _update(
@@ -158,6 +164,12 @@ def _write(job: ImportJob, file: IO[bytes], progress: _Progress) -> None:
             finished_at=timezone.now(),
         )
         ImportChunk.objects.filter(job=job).delete()
+        # Open pages of the owner's show the new conversations in their sidebars.
+        owner_id, event = job.owner_id, {"import_id": str(job.pk), "imported": written}
+        transaction.on_commit(
+            lambda: user_event_publish(user_id=owner_id, event="imported", data=event),
+            robust=True,
+        )
     progress.report(written, force=True)
 
 

@@ -7,12 +7,19 @@ on faults of the database or Redis are safe.
 
 from __future__ import annotations
 
+import logging
+
 from celery import shared_task
 from django.db import transaction
 
+from chatsite.errors import ServiceError
+
+from ..errors import ErrorCode
 from ..models import ImportJob
 from ..tasks import RETRYABLE
-from .importing import import_job_run
+from .importing import import_job_fail, import_job_run
+
+logger = logging.getLogger(__name__)
 
 
 @shared_task(
@@ -33,6 +40,20 @@ def run_import(job_id: str) -> str | None:
 
 
 def import_request(*, job: ImportJob) -> None:
-    """Queue the job's import once the upload is committed (the worker must see its pieces)."""
-    job_id = str(job.pk)
-    transaction.on_commit(lambda: run_import.delay(job_id))
+    """Queue the job's import once the upload is committed (the worker must see its pieces).
+    A broker that cannot take it ends the job `failed` at once rather than `queued` forever."""
+
+    def _enqueue() -> None:
+        try:
+            run_import.delay(str(job.pk))
+        except Exception:
+            logger.exception("import %s could not be queued", job.pk)
+            import_job_fail(
+                job=job,
+                fault=ServiceError(
+                    ErrorCode.IMPORT_FAILED,
+                    "The import could not be started; nothing was imported. Please try again.",
+                ),
+            )
+
+    transaction.on_commit(_enqueue)

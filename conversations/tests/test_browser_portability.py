@@ -56,6 +56,10 @@ def test_a_chatgpt_export_is_imported_with_progress_and_its_branches_switch(
     ]
     export = chatgpt_samples.write_export(tmp_path / "conversations.json", conversations)
     page, errors = open_chat(import_edge.url, user)
+    # A chat tab left open meanwhile: its sidebar hears of the import.
+    other_tab = page.context.new_page()
+    other_tab.goto(f"{import_edge.url}/")
+    expect(other_tab.locator("#sidebar-note")).to_have_text("No conversations yet.")
 
     page.get_by_role("link", name="Your data").click()
     expect(page.get_by_role("heading", name="Your data")).to_be_visible()
@@ -69,6 +73,10 @@ def test_a_chatgpt_export_is_imported_with_progress_and_its_branches_switch(
     page.screenshot(path=str(screenshots / "import-done.png"))
     job = ImportJob.objects.get(owner=user)
     assert (job.status, job.format, job.imported) == ("done", "chatgpt", 2)
+    expect(other_tab.locator("#conversation-list .conversation-link")).to_have_text(
+        ["Sourdough starter", "Capybara facts"]
+    )
+    other_tab.close()
 
     page.get_by_role("link", name="Open your conversations").click()
     links = page.locator("#conversation-list .conversation-link")

@@ -19,9 +19,12 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
+from chatsite.redis import sync_redis
 from chatsite.testing import assert_error
 from conversations import selectors
+from conversations.events import user_events_key
 from conversations.models import Conversation, Folder, ImportChunk, ImportJob, Message
+from conversations.portability import tasks
 from conversations.portability.importers import IterStream, read_json
 from conversations.portability.importing import import_job_run
 from conversations.portability.services import import_job_create
@@ -42,7 +45,7 @@ from .factories import exchange, finish, sent
 pytestmark = pytest.mark.django_db
 
 
-def run_import(user: User, data: bytes, filename: str = "conversations.json") -> ImportJob:
+def import_now(user: User, data: bytes, filename: str = "conversations.json") -> ImportJob:
     """Upload `data` as the API does, then run the job's task here."""
     job = import_job_create(owner=user, file=io.BytesIO(data), filename=filename, size=len(data))
     import_job_run(job_id=job.pk)
@@ -226,7 +229,7 @@ def test_an_exported_conversation_imports_as_the_same_tree(
     conversation = branched(user)
     exported = api_client.get(f"/api/v1/conversations/{conversation.pk}/export.json").content
 
-    job = run_import(user, exported, "bread.json")
+    job = import_now(user, exported, "bread.json")
 
     assert (job.status, job.format, job.total, job.imported) == ("done", "chatsite", 1, 1)
     copy = Conversation.objects.exclude(pk=conversation.pk).get(owner=user)
@@ -249,7 +252,7 @@ def test_the_zip_of_an_account_imports_back(api_client: APIClient, user: User) -
     data = b"".join(response.streaming_content)
     importer = User.objects.create_user("importer")
 
-    job = run_import(importer, data, "export.zip")
+    job = import_now(importer, data, "export.zip")
 
     assert (job.status, job.format, job.imported) == ("done", "chatsite_zip", 1)
     copy = Conversation.objects.get(owner=importer)
@@ -265,7 +268,7 @@ def test_an_answer_in_progress_is_imported_as_stopped(api_client: APIClient, use
     exported = api_client.get(f"/api/v1/conversations/{conversation.pk}/export.json").content
     assert placeholder.status == Message.Status.QUEUED
 
-    run_import(user, exported)
+    import_now(user, exported)
 
     copy = Conversation.objects.exclude(pk=conversation.pk).get(owner=user)
     leaf = copy.current_leaf
@@ -279,7 +282,7 @@ def test_an_answer_in_progress_is_imported_as_stopped(api_client: APIClient, use
 def test_a_chatgpt_export_becomes_trees_with_their_branches(user: User) -> None:
     data = json.dumps(chatgpt_samples.export_list()).encode()
 
-    job = run_import(user, data)
+    job = import_now(user, data)
 
     assert (job.status, job.format, job.total, job.imported) == ("done", "chatgpt", 2, 2)
     sourdough = Conversation.objects.get(owner=user, title="Sourdough starter")
@@ -321,7 +324,7 @@ def test_a_chatgpt_export_becomes_trees_with_their_branches(user: User) -> None:
 
 
 def test_a_branch_of_an_imported_conversation_can_be_switched_to(user: User) -> None:
-    run_import(user, json.dumps([chatgpt_samples.sourdough()]).encode())
+    import_now(user, json.dumps([chatgpt_samples.sourdough()]).encode())
     conversation = Conversation.objects.get(owner=user)
     first = Message.objects.get(conversation=conversation, content__startswith="How often")
     branch_switch(message=first)
@@ -335,7 +338,7 @@ def test_a_branch_of_an_imported_conversation_can_be_switched_to(user: User) -> 
 
 
 def test_imported_conversations_are_in_the_sidebar_and_the_search(user: User) -> None:
-    run_import(user, json.dumps(chatgpt_samples.export_list()).encode())
+    import_now(user, json.dumps(chatgpt_samples.export_list()).encode())
     sidebar = selectors.conversation_sidebar(user=user)
     assert [c.title for c in sidebar.conversations] == ["Sourdough starter", "Capybara facts"]
     hits = message_search(user=user, query="capybaras swimmers").hits
@@ -424,7 +427,7 @@ CYCLE = {
 def test_a_malformed_file_fails_with_its_error_and_writes_nothing(
     api_client: APIClient, user: User, data: bytes, code: str
 ) -> None:
-    job = run_import(user, data)
+    job = import_now(user, data)
 
     assert job.status == "failed"
     assert job.error is not None and job.error["code"] == code
@@ -440,7 +443,7 @@ def test_a_malformed_file_fails_with_its_error_and_writes_nothing(
 
 def test_a_fault_in_the_last_conversation_leaves_the_first_unwritten(user: User) -> None:
     conversations = [*chatgpt_samples.export_list(), {"title": "broken", "mapping": []}]
-    job = run_import(user, json.dumps(conversations).encode())
+    job = import_now(user, json.dumps(conversations).encode())
     assert job.error is not None
     assert (job.error["code"], job.error["detail"]) == ("import_wrong_shape", {"conversation": 2})
     assert not Conversation.objects.exists()
@@ -492,7 +495,7 @@ def test_a_zip_bomb_is_refused(user: User, settings: Any) -> None:
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
         archive.writestr("conversations/x.json", b" " * 50_000 + json.dumps(ours()).encode())
-    job = run_import(user, buffer.getvalue(), "x.zip")
+    job = import_now(user, buffer.getvalue(), "x.zip")
     assert job.error is not None and job.error["code"] == "import_too_large"
     assert not Conversation.objects.exists()
 
@@ -531,13 +534,13 @@ def test_an_upload_is_kept_in_pieces_and_answered_with_its_job(
 def test_another_users_import_is_not_found(
     api_client: APIClient, other_api_client: APIClient, user: User
 ) -> None:
-    job = run_import(user, json.dumps(chatgpt_samples.export_list()).encode())
+    job = import_now(user, json.dumps(chatgpt_samples.export_list()).encode())
     assert_error(other_api_client.get(f"/api/v1/imports/{job.pk}"), 404, "not_found")
     assert other_api_client.get("/api/v1/imports").json()["results"] == []
 
 
 def test_a_job_run_twice_imports_once(user: User) -> None:
-    job = run_import(user, json.dumps(chatgpt_samples.export_list()).encode())
+    job = import_now(user, json.dumps(chatgpt_samples.export_list()).encode())
     import_job_run(job_id=job.pk)
     assert Conversation.objects.filter(owner=user).count() == 2
 
@@ -548,3 +551,47 @@ def test_session_uploads_need_csrf(session_client: APIClient) -> None:
     refused = session_client.post("/api/v1/imports", {"file": upload}, format="multipart")
     assert refused.status_code == 403
     assert not ImportJob.objects.exists()
+
+
+def test_open_pages_hear_that_an_import_finished(
+    user: User, django_capture_on_commit_callbacks: Any
+) -> None:
+    data = json.dumps(chatgpt_samples.export_list()).encode()
+    job = import_job_create(owner=user, file=io.BytesIO(data), filename="c.json", size=len(data))
+    with django_capture_on_commit_callbacks(execute=True):
+        import_job_run(job_id=job.pk)
+    entries: Any = sync_redis().xrange(user_events_key(user.pk))
+    events = [(fields["event"], json.loads(fields["data"])) for _, fields in entries]
+    assert events == [("imported", {"import_id": str(job.pk), "imported": 2})]
+
+
+def test_a_job_the_broker_refuses_fails_at_once(
+    user: User, django_capture_on_commit_callbacks: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refuse(*args: Any) -> None:
+        raise ConnectionError("broker down")
+
+    monkeypatch.setattr(tasks.run_import, "delay", refuse)
+    data = json.dumps(chatgpt_samples.export_list()).encode()
+    with django_capture_on_commit_callbacks(execute=True):
+        job = import_job_create(
+            owner=user, file=io.BytesIO(data), filename="c.json", size=len(data)
+        )
+    job.refresh_from_db()
+    assert job.status == "failed"
+    assert job.error is not None and job.error["code"] == "import_failed"
+    assert not ImportChunk.objects.exists()
+
+
+def test_a_voice_message_keeps_its_transcription(user: User) -> None:
+    conversation = chatgpt_samples.small("Voice", "placeholder", "Sure.")
+    conversation["mapping"]["u"]["message"]["content"] = {
+        "content_type": "multimodal_text",
+        "parts": [
+            {"content_type": "audio_transcription", "text": "What time is it in Lima?"},
+            {"content_type": "audio_asset_pointer", "asset_pointer": "sediment://x"},
+        ],
+    }
+    import_now(user, json.dumps([conversation]).encode())
+    question = Message.objects.get(role="user")
+    assert question.content == "What time is it in Lima?\n\n[audio asset pointer not imported]"

@@ -543,6 +543,8 @@ function listenToUserEvents() {
       sidebarHandlers.onChanged({ id, title });
     }
   });
+  // An import finished (#18), here or in another tab: its conversations join the sidebar.
+  source.addEventListener("imported", () => sidebar.reload());
   source.addEventListener("deleted", (event) => {
     const { conversation_id: id } = JSON.parse(event.data);
     if (!sidebar.items.has(id) && state.viewId !== id) return;
