@@ -40,4 +40,5 @@ class ErrorCode(enum.StrEnum):
     IMPORT_CYCLE = "import_cycle"
     IMPORT_NOTHING_TO_IMPORT = "import_nothing_to_import"
     IMPORT_FAILED = "import_failed"
+    IMPORT_IN_PROGRESS = "import_in_progress"
     EXPORT_UNKNOWN_FORMAT = "export_unknown_format"

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import IO, Any
 
 from django.conf import settings
+from django.contrib.auth import get_user_model
 from django.db import transaction
+from django.utils import timezone
 
 from ..errors import ErrorCode
 from ..models import ImportChunk, ImportJob
@@ -14,6 +17,9 @@ from .importers import sniff
 from .tasks import import_request
 
 FILENAME_MAX_CHARS = 255
+# An import not ended after this long is taken as lost (its task's time limit is an hour) and
+# no longer holds the owner's next upload back.
+IMPORT_RUNNING_AT_MOST_SECONDS = 3600
 
 
 def _too_large(size: int) -> ImportFault:
@@ -29,8 +35,10 @@ def import_job_create(*, owner: Any, file: IO[bytes], filename: str, size: int) 
     """Keep an uploaded file for import, in pieces of IMPORT_CHUNK_BYTES (in Postgres, so a
     worker on any host reads it), and queue its import after commit.
 
-    Refused at once: an empty file, one over IMPORT_MAX_BYTES (413), and one that is neither
-    JSON nor a zip by its first bytes. What the file holds is checked by the task.
+    Refused at once: an empty file, one over IMPORT_MAX_BYTES (413), one that is neither
+    JSON nor a zip by its first bytes, and a second upload while one of the owner's imports
+    is still running (409: one at a time per user, so nobody fills the database with uploads).
+    What the file holds is checked by the task.
     """
     if size <= 0:
         raise ImportFault(ErrorCode.IMPORT_EMPTY, "The file is empty.")
@@ -39,6 +47,19 @@ def import_job_create(*, owner: Any, file: IO[bytes], filename: str, size: int) 
     head = file.read(64)
     sniff(head)
     with transaction.atomic():
+        # The owner's row is locked while running imports are looked for: two uploads at
+        # once cannot both pass.
+        get_user_model().objects.select_for_update().filter(pk=owner.pk).first()
+        since = timezone.now() - timedelta(seconds=IMPORT_RUNNING_AT_MOST_SECONDS)
+        running = ImportJob.objects.filter(owner_id=owner.pk, created_at__gte=since).exclude(
+            status__in=ImportJob.FINAL_STATUSES
+        )
+        if running.exists():
+            raise ImportFault(
+                ErrorCode.IMPORT_IN_PROGRESS,
+                "One of your imports is still running: wait for it to end.",
+                status=409,
+            )
         job = ImportJob.objects.create(
             owner=owner, filename=filename[:FILENAME_MAX_CHARS], size_bytes=size
         )

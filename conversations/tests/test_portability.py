@@ -595,3 +595,17 @@ def test_a_voice_message_keeps_its_transcription(user: User) -> None:
     import_now(user, json.dumps([conversation]).encode())
     question = Message.objects.get(role="user")
     assert question.content == "What time is it in Lima?\n\n[audio asset pointer not imported]"
+
+
+def test_one_import_at_a_time_per_user(api_client: APIClient, user: User) -> None:
+    def upload() -> Any:
+        data = io.BytesIO(json.dumps(chatgpt_samples.export_list()).encode())
+        data.name = "conversations.json"
+        return api_client.post("/api/v1/imports", {"file": data}, format="multipart")
+
+    first = upload()
+    assert first.status_code == 202
+    assert_error(upload(), 409, "import_in_progress")
+    import_job_run(job_id=first.json()["id"])
+    assert upload().status_code == 202
+    assert ImportJob.objects.filter(owner=user).count() == 2
