@@ -17,7 +17,7 @@ from django.urls import reverse
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .models import BranchSummary, Conversation, Message
+from .models import BranchSummary, Conversation, ImportJob, Message
 from .removal import conversation_remove
 
 _M = TypeVar("_M", bound=Model)
@@ -114,3 +114,13 @@ class BranchSummaryAdmin(ReadOnlyAdmin[BranchSummary]):
     def conversation_link(self, summary: BranchSummary) -> SafeString:
         url = reverse("admin:conversations_conversation_change", args=[summary.conversation_id])
         return format_html('<a href="{}">{}</a>', url, summary.conversation)
+
+
+@admin.register(ImportJob)
+class ImportJobAdmin(ReadOnlyAdmin[ImportJob]):
+    """Users' imports (#18), read-only: what they uploaded, how far it came, why it failed."""
+
+    list_display = ["__str__", "owner", "format", "status", "total", "imported", "created_at"]
+    list_filter = ["status", "format"]
+    search_fields = ["owner__username", "owner__email", "filename"]
+    list_select_related = ["owner"]

@@ -609,3 +609,15 @@ def test_one_import_at_a_time_per_user(api_client: APIClient, user: User) -> Non
     import_job_run(job_id=first.json()["id"])
     assert upload().status_code == 202
     assert ImportJob.objects.filter(owner=user).count() == 2
+
+
+def test_staff_see_imports_and_their_errors_read_only(admin_client: Any, user: User) -> None:
+    job = import_now(user, b"[1]", "mine.json")
+    listing = admin_client.get("/admin/conversations/importjob/")
+    assert listing.status_code == 200
+    assert b"mine.json" in listing.content
+    page = admin_client.get(f"/admin/conversations/importjob/{job.pk}/change/")
+    assert page.status_code == 200
+    assert b"import_wrong_shape" in page.content
+    assert b'name="_save"' not in page.content
+    assert admin_client.get("/admin/conversations/importjob/add/").status_code == 403

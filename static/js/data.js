@@ -18,6 +18,8 @@ const ui = {
 };
 
 const POLL_MS = 500;
+const FINAL = new Set(["done", "failed"]);
+let following = false; // an import's progress is on screen
 const plural = (n, word) => `${n} ${word}${n === 1 ? "" : "s"}`;
 
 function describe(job) {
@@ -60,6 +62,15 @@ function showError(message) {
 }
 
 async function follow(jobId) {
+  following = true;
+  try {
+    await poll(jobId);
+  } finally {
+    following = false;
+  }
+}
+
+async function poll(jobId) {
   for (;;) {
     let job;
     try {
@@ -69,7 +80,7 @@ async function follow(jobId) {
       return;
     }
     showJob(job);
-    if (job.status === "done" || job.status === "failed") return;
+    if (FINAL.has(job.status)) return;
     await new Promise((resolve) => setTimeout(resolve, POLL_MS));
   }
 }
@@ -90,6 +101,12 @@ async function refreshList() {
       return item;
     }),
   );
+  // An import still running when the page was opened (a reload, another tab): follow it.
+  const latest = page.results[0];
+  if (latest && !FINAL.has(latest.status) && !following) {
+    await follow(latest.id);
+    refreshList();
+  }
 }
 
 ui.form.addEventListener("submit", async (event) => {
