@@ -31,6 +31,7 @@ from django.utils import timezone
 from accounts.selectors import api_keys_for_user
 from billing.models import UsageEvent
 from billing.selectors import plan_for_user, statements_for_user
+from moderation.models import Sanction
 
 from .. import selectors
 from ..models import Conversation, Folder, Message
@@ -215,6 +216,21 @@ def _statements(user: Any) -> list[dict[str, Any]]:
     ]
 
 
+def _sanctions(user: Any) -> list[dict[str, Any]]:
+    # What the account was told: warnings, suspensions, bans (not which staff member acted).
+    return [
+        {
+            "kind": sanction.kind,
+            "reason": sanction.reason,
+            "created_at": _iso(sanction.created_at),
+            "ends_at": _iso(sanction.ends_at),
+            "lifted_at": _iso(sanction.lifted_at),
+            "seen_at": _iso(sanction.seen_at),
+        }
+        for sanction in Sanction.objects.filter(user_id=user.pk).order_by("created_at", "id")
+    ]
+
+
 def _usage_lines(user: Any) -> Iterator[bytes]:
     """Every generation the user was charged for, one JSON object a line, read in batches."""
     events = (
@@ -268,6 +284,7 @@ conversations/      every conversation: <id>.json (the whole tree, in a format t
                     reads back) and <id>.md (the branch on screen, as Markdown)
 billing.json        your monthly statements
 usage.jsonl         every answer you were charged for, one JSON object a line
+moderation.json     warnings, suspensions and bans on your account, if any
 
 Import the zip (or any conversations/<id>.json) back from the "Your data" page.
 """
@@ -295,6 +312,7 @@ def account_zip(*, user: Any) -> Iterator[bytes]:
         )
     archive.add(_json_bytes(_statements(user)), "billing.json")
     archive.add(_usage_lines(user), "usage.jsonl")
+    archive.add(_json_bytes(_sanctions(user)), "moderation.json")
     return _coalesced(archive)
 
 

@@ -38,6 +38,7 @@ from conversations.services import (
     message_regenerate,
     message_send,
 )
+from moderation.models import Sanction
 
 from . import chatgpt_samples
 from .factories import exchange, finish, sent
@@ -182,6 +183,7 @@ def test_the_account_zip_holds_everything_and_no_key(api_client: APIClient, user
     gone.deleted_at = gone.created_at
     gone.save(update_fields=["deleted_at"])
     key, raw_key = api_key_create(user=user, name="laptop", scope=ApiKey.Scope.CHAT)
+    Sanction.objects.create(user=user, kind=Sanction.Kind.WARNING, reason="Be kind.")
 
     archive = zip_of(api_client)
     names = set(archive.namelist())
@@ -192,6 +194,7 @@ def test_the_account_zip_holds_everything_and_no_key(api_client: APIClient, user
         "folders.json",
         "billing.json",
         "usage.jsonl",
+        "moderation.json",
         f"conversations/{conversation.pk}.json",
         f"conversations/{conversation.pk}.md",
     } <= names
@@ -201,6 +204,8 @@ def test_the_account_zip_holds_everything_and_no_key(api_client: APIClient, user
     assert {k["name"] for k in keys} == {"tests", "laptop"}
     assert {k["prefix"] for k in keys} >= {key.prefix}
     assert [f["name"] for f in json.loads(archive.read("folders.json"))] == ["Kitchen"]
+    warnings = json.loads(archive.read("moderation.json"))
+    assert [(w["kind"], w["reason"]) for w in warnings] == [("warning", "Be kind.")]
     document = json.loads(archive.read(f"conversations/{conversation.pk}.json"))
     assert document["conversation"]["folder"] == "Kitchen"
     assert document["conversation"]["pinned"] is True
