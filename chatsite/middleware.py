@@ -178,7 +178,8 @@ def _too_large(request: HttpRequest) -> JsonResponse | None:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         length = 0
-    limit = settings.API_MAX_BODY_BYTES
+    # An endpoint that takes files (the import) names its own, larger limit.
+    limit = settings.API_BODY_LIMITS_BY_PATH.get(request.path_info, settings.API_MAX_BODY_BYTES)
     if length <= limit:
         return None
     return api_error(

@@ -699,3 +699,16 @@ MODERATION_OPENAI_URL = os.environ.get("MODERATION_OPENAI_URL", "https://api.ope
 MODERATION_OPENAI_API_KEY = os.environ.get("MODERATION_OPENAI_API_KEY", "")
 MODERATION_OPENAI_MODEL = os.environ.get("MODERATION_OPENAI_MODEL", "omni-moderation-latest")
 MODERATION_OPENAI_TIMEOUT_SECONDS = env_int("MODERATION_OPENAI_TIMEOUT_SECONDS", 10)
+
+# Export and import (#18, conversations/portability/). The largest file an import takes (a
+# larger one is refused with 413 `import_too_large`); the pieces the upload is kept in, in
+# Postgres, for the Celery worker that imports it, wherever it runs; the uncompressed size a
+# zip's conversations may reach (a zip bomb is refused). The upload endpoint's body limit
+# follows IMPORT_MAX_BYTES (`API_BODY_LIMITS_BY_PATH`, read by chatsite.middleware).
+IMPORT_MAX_BYTES = env_int("IMPORT_MAX_BYTES", 200 * 1024 * 1024)
+IMPORT_CHUNK_BYTES = env_int("IMPORT_CHUNK_BYTES", 1024 * 1024)
+IMPORT_ZIP_MAX_UNCOMPRESSED_BYTES = env_int(
+    "IMPORT_ZIP_MAX_UNCOMPRESSED_BYTES", 2 * IMPORT_MAX_BYTES
+)
+API_BODY_LIMITS_BY_PATH = {"/api/v1/imports": IMPORT_MAX_BYTES + 1024 * 1024}
+CELERY_IMPORTS.append("conversations.portability.tasks")

@@ -22,7 +22,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 from django.utils.safestring import SafeString
 
-from .models import BranchSummary, Conversation, Feedback, Message, Share
+from .models import BranchSummary, Conversation, Feedback, ImportJob, Message, Share
 from .removal import conversation_remove
 from .selectors import feedback_report
 
@@ -209,3 +209,11 @@ class FeedbackAdmin(ReadOnlyAdmin[Feedback]):
             "rows": feedback_report(since=start, until=end),
         }
         return TemplateResponse(request, "admin/conversations/feedback/report.html", context)
+@admin.register(ImportJob)
+class ImportJobAdmin(ReadOnlyAdmin[ImportJob]):
+    """Users' imports (#18), read-only: what they uploaded, how far it came, why it failed."""
+
+    list_display = ["__str__", "owner", "format", "status", "total", "imported", "created_at"]
+    list_filter = ["status", "format"]
+    search_fields = ["owner__username", "owner__email", "filename"]
+    list_select_related = ["owner"]

@@ -260,3 +260,62 @@ class Feedback(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_rating_display()} on {self.message_id}"
+class ImportJob(models.Model):
+    """An upload of conversations to import (#18), and how far its Celery task has come.
+
+    The file itself is kept in `ImportChunk` rows, so a worker on any host can read it; they
+    are removed once the job ends. The task checks the whole file first, then writes every
+    conversation in one transaction: a job ends `done` with all of them or `failed` with none.
+    """
+
+    class Status(models.TextChoices):
+        QUEUED = "queued"
+        VALIDATING = "validating"
+        IMPORTING = "importing"
+        DONE = "done"
+        FAILED = "failed"
+
+    FINAL_STATUSES = frozenset({Status.DONE, Status.FAILED})
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="import_jobs"
+    )
+    filename = models.CharField(max_length=255, blank=True)
+    size_bytes = models.PositiveBigIntegerField()
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.QUEUED)
+    format = models.CharField(
+        max_length=32, blank=True, help_text="What the file turned out to be, once read."
+    )
+    total = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Conversations in the file, once checked."
+    )
+    imported = models.PositiveIntegerField(default=0)
+    error = models.JSONField(
+        null=True, blank=True, help_text="Why it failed: {code, message, detail}."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["owner", "-created_at"], name="import_owner_idx")]
+
+    def __str__(self) -> str:
+        return f"Import {self.filename or self.pk} ({self.status})"
+
+
+class ImportChunk(models.Model):
+    """One piece of an uploaded import file, in order."""
+
+    job = models.ForeignKey(ImportJob, on_delete=models.CASCADE, related_name="chunks")
+    index = models.PositiveIntegerField()
+    data = models.BinaryField()
+
+    class Meta:
+        constraints = [
+            models.UniqueConstraint(fields=["job", "index"], name="import_chunk_unique"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.job_id} #{self.index}"

@@ -8,4 +8,5 @@ urlpatterns = [
     path("", views.home, name="home"),
     path("c/<uuid:conversation_id>", views.conversation, name="conversation"),
     path("s/<str:token>", views.shared, name="shared"),
+    path("data", views.data, name="data"),
 ]

@@ -102,3 +102,10 @@ def shared(request: HttpRequest, token: str) -> HttpResponse:
     # A revoked link stops at once: no cache keeps serving it.
     response["Cache-Control"] = "no-store"
     return response
+@login_required
+@ensure_csrf_cookie
+def data(request: HttpRequest) -> HttpResponse:
+    """Your data (#18): download all of it as a zip; import conversations (ChatGPT's export,
+    or this service's), with the import's progress (static/js/data.js)."""
+    config = {"importMaxBytes": settings.IMPORT_MAX_BYTES}
+    return render(request, "conversations/data.html", {"data_config": config})

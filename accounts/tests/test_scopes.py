@@ -227,7 +227,13 @@ def _api_routes(patterns: list[URLPattern | URLResolver], prefix: str = "") -> d
 
 def test_every_api_route_has_a_decided_scope() -> None:
     """A new endpoint is chat unless it says otherwise: this list makes that a decision."""
-    full = {"api-key-list", "api-key-detail", "billing-usage", "billing-statements"}
+    full = {
+        "api-key-list",
+        "api-key-detail",
+        "billing-usage",
+        "billing-statements",
+        "account-export",
+    }
     chat = {
         "models",
         "model",
@@ -243,6 +249,10 @@ def test_every_api_route_has_a_decided_scope() -> None:
         "folder-list",
         "folder-detail",
         "message-search",
+        "conversation-export-json",
+        "conversation-export-markdown",
+        "import-list",
+        "import-detail",
         "conversation-tools",
         "generation-detail",
         "generation-stream",

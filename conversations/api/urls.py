@@ -4,7 +4,7 @@ from django.urls import path
 
 from chatsite.threads import threaded_view
 
-from . import events, organize, sharing, views
+from . import events, organize, portability, sharing, views
 
 # The turn's endpoints run on the edge's pool of threads (`chatsite.threads`): sends that
 # arrive at once overlap instead of queueing on the process's one sync thread.
@@ -60,4 +60,20 @@ urlpatterns = [
     path("folders", organize.FolderListView.as_view(), name="folder-list"),
     path("folders/<uuid:folder_id>", organize.FolderDetailView.as_view(), name="folder-detail"),
     path("search", organize.SearchView.as_view(), name="message-search"),
+    # Export and import (#18).
+    path(
+        "conversations/<uuid:conversation_id>/export.json",
+        portability.ConversationExportView.as_view(),
+        {"kind": "json"},
+        name="conversation-export-json",
+    ),
+    path(
+        "conversations/<uuid:conversation_id>/export.md",
+        portability.ConversationExportView.as_view(),
+        {"kind": "markdown"},
+        name="conversation-export-markdown",
+    ),
+    path("export", portability.AccountExportView.as_view(), name="account-export"),
+    path("imports", portability.ImportListView.as_view(), name="import-list"),
+    path("imports/<uuid:job_id>", portability.ImportDetailView.as_view(), name="import-detail"),
 ]

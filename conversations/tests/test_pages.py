@@ -185,3 +185,20 @@ def test_the_vendored_libraries_ship_with_their_licenses() -> None:
     ]:
         assert (vendor / library / entry).stat().st_size > 10_000
         assert (vendor / library / "LICENSE").read_text().strip()
+
+
+def test_the_data_page_offers_the_export_and_the_import(client: Client, user: Any) -> None:
+    client.force_login(user)
+    page = client.get("/data")
+    assert page.status_code == 200
+    html = page.content.decode()
+    assert 'href="/api/v1/export"' in html
+    assert 'id="import-file"' in html
+    assert "js/data.js" in html
+    assert "<script>" not in html  # the strict CSP: no inline script
+
+
+def test_the_data_page_needs_a_login(client: Client) -> None:
+    response = client.get("/data")
+    assert response.status_code == 302
+    assert response["Location"].startswith("/accounts/login/")

@@ -32,14 +32,16 @@ function csrfToken() {
 
 async function request(method, path, body) {
   const headers = { Accept: "application/json" };
-  if (body !== undefined) headers["Content-Type"] = "application/json";
+  // A form (a file upload) sets its own multipart Content-Type, boundary included.
+  const isForm = body instanceof FormData;
+  if (body !== undefined && !isForm) headers["Content-Type"] = "application/json";
   if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
   let response;
   try {
     response = await fetch(BASE + path, {
       method,
       headers,
-      body: body === undefined ? undefined : JSON.stringify(body),
+      body: body === undefined || isForm ? body : JSON.stringify(body),
       credentials: "same-origin",
     });
   } catch {
@@ -142,3 +144,14 @@ export const setFeedback = (conversationId, messageId, feedback) =>
   request("PUT", `conversations/${id(conversationId)}/messages/${id(messageId)}/feedback`, feedback);
 export const removeFeedback = (conversationId, messageId) =>
   request("DELETE", `conversations/${id(conversationId)}/messages/${id(messageId)}/feedback`);
+// Export and import (#18).
+export const exportUrl = (conversationId, kind) =>
+  `${BASE}conversations/${id(conversationId)}/export.${kind === "markdown" ? "md" : "json"}`;
+export const ACCOUNT_EXPORT_URL = `${BASE}export`;
+export function uploadImport(file) {
+  const form = new FormData();
+  form.append("file", file);
+  return request("POST", "imports", form);
+}
+export const getImport = (jobId) => request("GET", `imports/${id(jobId)}`);
+export const listImports = () => request("GET", "imports");

@@ -7,6 +7,7 @@
 // screen, so leaving a conversation never abandons an answer.
 
 import * as api from "./api.js";
+import { showExport } from "./exporting.js";
 import { isInProgress, messageElement, startEdit, updateAssistant, withToolSteps } from "./messages.js";
 import { MessageSearch } from "./search.js";
 import { ShareDialog } from "./shares.js";
@@ -107,6 +108,7 @@ function setHeader(conversation) {
   ui.modelName.hidden = !conversation;
   ui.modelChoice.hidden = Boolean(conversation);
   ui.shareOpen.hidden = !conversation;
+  showExport(conversation);
 }
 
 function showNewChat({ push }) {
@@ -565,6 +567,8 @@ function listenToUserEvents() {
       sidebarHandlers.onChanged({ id, title });
     }
   });
+  // An import finished (#18), here or in another tab: its conversations join the sidebar.
+  source.addEventListener("imported", () => sidebar.reload());
   source.addEventListener("deleted", (event) => {
     const { conversation_id: id } = JSON.parse(event.data);
     if (!sidebar.items.has(id) && state.viewId !== id) return;
