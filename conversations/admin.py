@@ -209,6 +209,8 @@ class FeedbackAdmin(ReadOnlyAdmin[Feedback]):
             "rows": feedback_report(since=start, until=end),
         }
         return TemplateResponse(request, "admin/conversations/feedback/report.html", context)
+
+
 @admin.register(ImportJob)
 class ImportJobAdmin(ReadOnlyAdmin[ImportJob]):
     """Users' imports (#18), read-only: what they uploaded, how far it came, why it failed."""

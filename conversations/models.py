@@ -260,6 +260,8 @@ class Feedback(models.Model):
 
     def __str__(self) -> str:
         return f"{self.get_rating_display()} on {self.message_id}"
+
+
 class ImportJob(models.Model):
     """An upload of conversations to import (#18), and how far its Celery task has come.
 

@@ -102,6 +102,8 @@ def shared(request: HttpRequest, token: str) -> HttpResponse:
     # A revoked link stops at once: no cache keeps serving it.
     response["Cache-Control"] = "no-store"
     return response
+
+
 @login_required
 @ensure_csrf_cookie
 def data(request: HttpRequest) -> HttpResponse:
