@@ -124,10 +124,11 @@ def read_json(stream: IO[bytes] | io.RawIOBase) -> Iterator[tuple[Source, Parsed
     buffered = IterStream(itertools.chain([head], rest))
     is_list = head.lstrip(_LEADING)[:1] == b"["
     items = ijson.items(buffered, "item" if is_list else "", use_float=True)
-    index = 0
+    index = 0  # of the conversation being read: a fault names it
     try:
-        for index, raw in enumerate(items):
+        for raw in items:
             yield _conversation(raw, index=index)
+            index += 1
     except ijson.JSONError as exc:
         raise _fault(
             ErrorCode.IMPORT_INVALID_JSON,

@@ -446,6 +446,15 @@ def test_a_malformed_file_fails_with_its_error_and_writes_nothing(
     assert body["error"]["code"] == code
 
 
+def test_json_cut_short_after_good_conversations_names_the_broken_one(user: User) -> None:
+    data = json.dumps(chatgpt_samples.export_list()).encode()
+    job = import_now(user, data[: len(data) - 40])
+    assert job.error is not None
+    assert job.error["code"] == "import_invalid_json"
+    assert job.error["detail"]["conversation"] == 1
+    assert not Conversation.objects.exists()
+
+
 def test_a_fault_in_the_last_conversation_leaves_the_first_unwritten(user: User) -> None:
     conversations = [*chatgpt_samples.export_list(), {"title": "broken", "mapping": []}]
     job = import_now(user, json.dumps(conversations).encode())
