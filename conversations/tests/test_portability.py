@@ -266,6 +266,19 @@ def test_the_zip_of_an_account_imports_back(api_client: APIClient, user: User) -
     assert copy.folder.owner == importer
 
 
+def test_chatgpts_export_zip_is_read_for_its_conversations_json(user: User) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("chat.html", "<html>ChatGPT's own page</html>")
+        archive.writestr("conversations.json", json.dumps(chatgpt_samples.export_list()))
+        archive.writestr("user.json", json.dumps({"id": "user-x"}))
+
+    job = import_now(user, buffer.getvalue(), "chatgpt-export.zip")
+
+    assert (job.status, job.format, job.imported) == ("done", "chatgpt", 2)
+    assert Conversation.objects.filter(owner=user, title="Sourdough starter").exists()
+
+
 def test_an_answer_in_progress_is_imported_as_stopped(api_client: APIClient, user: User) -> None:
     conversation = conversation_create(owner=user, title="Unfinished")
     exchange(conversation, "First", answer="One.")
