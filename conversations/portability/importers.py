@@ -377,6 +377,7 @@ def _chatgpt(raw: dict[str, Any], *, index: int) -> ParsedConversation:
         last_activity_at=max(updated or last_stamp, last_stamp),
         messages=messages,
         current_leaf=leaf,
+        archived=raw.get("is_archived") is True,
     )
 
 

@@ -610,6 +610,17 @@ def test_a_job_the_broker_refuses_fails_at_once(
     assert not ImportChunk.objects.exists()
 
 
+def test_a_conversation_archived_in_chatgpt_is_archived_here(user: User) -> None:
+    archived = chatgpt_samples.small("Old", "Old question", "Old answer.")
+    archived["is_archived"] = True
+    import_now(user, json.dumps([archived, chatgpt_samples.sourdough()]).encode())
+    assert [c.title for c in selectors.conversation_sidebar(user=user).conversations] == [
+        "Sourdough starter"
+    ]
+    archive = selectors.conversation_sidebar(user=user, archived=True).conversations
+    assert [c.title for c in archive] == ["Old"]
+
+
 def test_a_voice_message_keeps_its_transcription(user: User) -> None:
     conversation = chatgpt_samples.small("Voice", "placeholder", "Sure.")
     conversation["mapping"]["u"]["message"]["content"] = {
