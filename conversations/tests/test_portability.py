@@ -659,3 +659,13 @@ def test_staff_see_imports_and_their_errors_read_only(admin_client: Any, user: U
     assert b"import_wrong_shape" in page.content
     assert b'name="_save"' not in page.content
     assert admin_client.get("/admin/conversations/importjob/add/").status_code == 403
+
+
+def test_listing_imports_costs_the_same_however_many(
+    api_client: APIClient, user: User, django_assert_max_num_queries: Any
+) -> None:
+    for _ in range(5):
+        ImportJob.objects.create(owner=user, filename="c.json", size_bytes=10, status="done")
+    with django_assert_max_num_queries(5):  # the key, its last use, the plan, the jobs
+        listed = api_client.get("/api/v1/imports")
+    assert len(listed.json()["results"]) == 5
