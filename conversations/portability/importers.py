@@ -11,7 +11,8 @@ Three shapes are read:
 - ChatGPT's `conversations.json`: a list of conversations, each a `mapping` {node id: {id,
   message, parent, children}} with a `current_node`; a list may also hold the service's own
   objects;
-- the zip of `export.account_zip`: its `conversations/*.json`.
+- the zip of `export.account_zip`: its `conversations/*.json`; ChatGPT's export zip: its
+  `conversations.json`.
 
 Everything a file says is checked here (types, ids, parents, cycles, lengths); a fault is an
 `ImportFault` naming the conversation (its index in the file) and the node.
@@ -44,6 +45,8 @@ from .formats import (
 )
 
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+# The file of ChatGPT's "Export data" zip that holds the conversations.
+CHATGPT_MEMBER = "conversations.json"
 # What a JSON file may start with before its first value (a UTF-8 byte order mark, spaces).
 _LEADING = b" \t\r\n\xef\xbb\xbf"
 # ChatGPT's nodes that are not part of the conversation a person sees: hidden context (custom
@@ -124,10 +127,11 @@ def read_json(stream: IO[bytes] | io.RawIOBase) -> Iterator[tuple[Source, Parsed
     buffered = IterStream(itertools.chain([head], rest))
     is_list = head.lstrip(_LEADING)[:1] == b"["
     items = ijson.items(buffered, "item" if is_list else "", use_float=True)
-    index = 0
+    index = 0  # of the conversation being read: a fault names it
     try:
-        for index, raw in enumerate(items):
+        for raw in items:
             yield _conversation(raw, index=index)
+            index += 1
     except ijson.JSONError as exc:
         raise _fault(
             ErrorCode.IMPORT_INVALID_JSON,
@@ -138,15 +142,34 @@ def read_json(stream: IO[bytes] | io.RawIOBase) -> Iterator[tuple[Source, Parsed
 
 
 def read_zip(file: IO[bytes]) -> Iterator[tuple[Source, ParsedConversation]]:
-    """The conversations of the zip of an account export: its `conversations/*.json`."""
+    """The conversations of the zip of an account export (its `conversations/*.json`), or of
+    the zip ChatGPT's "Export data" sends (its `conversations.json`, read as a stream)."""
     try:
         archive = zipfile.ZipFile(file)
         members = sorted(
             (info for info in archive.infolist() if _is_conversation_member(info.filename)),
             key=lambda info: info.filename,
         )
+        chatgpt = next(
+            (info for info in archive.infolist() if info.filename == CHATGPT_MEMBER), None
+        )
     except (zipfile.BadZipFile, OSError, EOFError) as exc:
         raise _fault(ErrorCode.IMPORT_INVALID_ZIP, "The zip file cannot be read.") from exc
+    if not members and chatgpt is not None:
+        if chatgpt.file_size > settings.IMPORT_ZIP_MAX_UNCOMPRESSED_BYTES:
+            raise _fault(
+                ErrorCode.IMPORT_TOO_LARGE,
+                "The zip's conversations.json is too large once uncompressed.",
+                max_bytes=settings.IMPORT_ZIP_MAX_UNCOMPRESSED_BYTES,
+            )
+        with archive, archive.open(chatgpt) as member:
+            try:
+                yield from read_json(member)
+            except (zipfile.BadZipFile, OSError, EOFError) as exc:
+                raise _fault(
+                    ErrorCode.IMPORT_INVALID_ZIP, "The zip's conversations.json cannot be read."
+                ) from exc
+        return
     uncompressed = sum(info.file_size for info in members)
     if uncompressed > settings.IMPORT_ZIP_MAX_UNCOMPRESSED_BYTES:
         raise _fault(
@@ -157,7 +180,8 @@ def read_zip(file: IO[bytes]) -> Iterator[tuple[Source, ParsedConversation]]:
     if not members:
         raise _fault(
             ErrorCode.IMPORT_UNKNOWN_FORMAT,
-            "The zip holds no conversations/*.json: it is not an export of this service.",
+            "The zip holds neither conversations/*.json (an export of this service) nor "
+            "conversations.json (ChatGPT's).",
         )
     with archive:
         for index, info in enumerate(members):
@@ -353,6 +377,7 @@ def _chatgpt(raw: dict[str, Any], *, index: int) -> ParsedConversation:
         last_activity_at=max(updated or last_stamp, last_stamp),
         messages=messages,
         current_leaf=leaf,
+        archived=raw.get("is_archived") is True,
     )
 
 

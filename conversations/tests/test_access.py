@@ -11,7 +11,8 @@ from rest_framework.test import APIClient
 
 from accounts.models import ApiKey
 from accounts.services import api_key_create
-from conversations.models import Conversation, Message
+from conversations.models import Conversation, Feedback, Message, Share
+from conversations.services import feedback_set, share_create
 
 from .factories import ConversationFactory, exchange
 
@@ -27,6 +28,7 @@ class Victim:
     answer: Message
     own_conversation: Conversation
     api_key: ApiKey
+    share: Share
 
     def rows(self) -> tuple[Any, ...]:
         conversation = Conversation.objects.get(pk=self.conversation.pk)
@@ -40,6 +42,8 @@ class Victim:
                 )
             ),
             ApiKey.objects.get(pk=self.api_key.pk).revoked_at,
+            list(Share.objects.filter(conversation=conversation).values_list("id", "revoked_at")),
+            list(Feedback.objects.values_list("message_id", "rating", "reason")),
         )
 
 
@@ -48,12 +52,14 @@ def victim(user: Any, other_user: Any) -> Victim:
     conversation = ConversationFactory.create(owner=other_user, title="Private")
     user_message, answer = exchange(conversation, "a secret")
     key, _ = api_key_create(user=other_user, name="private")
+    feedback_set(message=answer, user=other_user, rating="up")
     return Victim(
         conversation=conversation,
         user_message=user_message,
         answer=answer,
         own_conversation=ConversationFactory.create(owner=user),
         api_key=key,
+        share=share_create(conversation=conversation),
     )
 
 
@@ -78,6 +84,12 @@ ENDPOINTS = [
     ("post", OWN + "/branch", {"message_id": "{user_message}"}),
     ("get", "/api/v1/api-keys/{api_key}", None),
     ("delete", "/api/v1/api-keys/{api_key}", None),
+    ("post", C + "/shares", None),
+    ("post", "/api/v1/shares/{share}/revoke", None),
+    ("put", C + "/messages/{answer}/feedback", {"rating": "down", "reason": "other"}),
+    ("put", OWN + "/messages/{answer}/feedback", {"rating": "down", "reason": "other"}),
+    ("delete", C + "/messages/{answer}/feedback", None),
+    ("delete", OWN + "/messages/{answer}/feedback", None),
 ]
 # A mention of another user's message in a body of one's own conversation is a bad reference,
 # not a hidden object: it is answered like any unknown id.
@@ -95,6 +107,7 @@ def fill(template: Any, victim: Victim) -> Any:
         user_message=victim.user_message.pk,
         answer=victim.answer.pk,
         api_key=victim.api_key.pk,
+        share=victim.share.pk,
     )
 
 
@@ -171,6 +184,7 @@ WRITES = [
     ("patch", "/api/v1/conversations/{id}", {"title": "Renamed"}, 200),
     ("delete", "/api/v1/conversations/{id}", None, 204),
     ("post", "/api/v1/conversations/{id}/messages", {"content": "two"}, 201),
+    ("post", "/api/v1/conversations/{id}/shares", None, 201),
     ("post", "/api/v1/api-keys", {"name": "laptop"}, 201),
 ]
 

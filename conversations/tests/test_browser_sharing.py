@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,13 +22,13 @@ from inference.tests.fixtures import LiveEdge
 
 from .browser_conftest import browser_user
 from .factories import exchange
-from .test_browser import assert_inert
+from .test_browser import assert_inert, shot
 
 pytestmark = [pytest.mark.browser, pytest.mark.django_db(transaction=True)]
 
 
 def test_a_shared_link_opens_logged_out_with_the_messages_and_no_owner_data(
-    browser: Any, open_chat: Callable[..., Any], chat_edge: LiveEdge
+    browser: Any, open_chat: Callable[..., Any], chat_edge: LiveEdge, screenshots: Path
 ) -> None:
     user = browser_user()
     conversation = conversation_create(owner=user, title="Weekend plans")
@@ -51,6 +52,7 @@ def test_a_shared_link_opens_logged_out_with_the_messages_and_no_owner_data(
     listed = page.locator(".share-item")
     expect(listed).to_have_count(1)
     expect(listed.locator(".share-item-title")).to_have_text("Weekend plans")
+    shot(page, screenshots, "share-dialog-light")
 
     # A visitor with no session at all.
     visitor_context = browser.new_context()
@@ -70,6 +72,7 @@ def test_a_shared_link_opens_logged_out_with_the_messages_and_no_owner_data(
             "content", "noindex, nofollow"
         )
         assert_inert(visitor)
+        shot(visitor, screenshots, "shared-page-light")
         html = visitor.content()
         assert user.username not in html and str(conversation.pk) not in html
         expect(visitor.get_by_role("link", name="Log in")).to_have_count(0)
@@ -87,7 +90,7 @@ def test_a_shared_link_opens_logged_out_with_the_messages_and_no_owner_data(
 
 
 def test_a_thumbs_down_with_a_reason_stays_after_a_reload(
-    open_chat: Callable[..., Any], chat_edge: LiveEdge
+    open_chat: Callable[..., Any], chat_edge: LiveEdge, screenshots: Path
 ) -> None:
     user = browser_user()
     conversation = conversation_create(owner=user, title="Facts")
@@ -102,9 +105,11 @@ def test_a_thumbs_down_with_a_reason_stays_after_a_reload(
     down.click()
     item.get_by_label("Reason").select_option(label="Not accurate")
     item.get_by_label("Comment").fill("It is 8.8 km.")
+    shot(page, screenshots, "feedback-reason-light")
     item.get_by_role("button", name="Send feedback").click()
     expect(down).to_have_attribute("aria-pressed", "true")
     expect(item.locator(".feedback-reason-chosen")).to_have_text("Not accurate")
+    shot(page, screenshots, "feedback-down-light")
 
     page.reload()
     expect(down).to_have_attribute("aria-pressed", "true")

@@ -266,6 +266,19 @@ def test_the_zip_of_an_account_imports_back(api_client: APIClient, user: User) -
     assert copy.folder.owner == importer
 
 
+def test_chatgpts_export_zip_is_read_for_its_conversations_json(user: User) -> None:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", compression=zipfile.ZIP_DEFLATED) as archive:
+        archive.writestr("chat.html", "<html>ChatGPT's own page</html>")
+        archive.writestr("conversations.json", json.dumps(chatgpt_samples.export_list()))
+        archive.writestr("user.json", json.dumps({"id": "user-x"}))
+
+    job = import_now(user, buffer.getvalue(), "chatgpt-export.zip")
+
+    assert (job.status, job.format, job.imported) == ("done", "chatgpt", 2)
+    assert Conversation.objects.filter(owner=user, title="Sourdough starter").exists()
+
+
 def test_an_answer_in_progress_is_imported_as_stopped(api_client: APIClient, user: User) -> None:
     conversation = conversation_create(owner=user, title="Unfinished")
     exchange(conversation, "First", answer="One.")
@@ -446,6 +459,15 @@ def test_a_malformed_file_fails_with_its_error_and_writes_nothing(
     assert body["error"]["code"] == code
 
 
+def test_json_cut_short_after_good_conversations_names_the_broken_one(user: User) -> None:
+    data = json.dumps(chatgpt_samples.export_list()).encode()
+    job = import_now(user, data[: len(data) - 40])
+    assert job.error is not None
+    assert job.error["code"] == "import_invalid_json"
+    assert job.error["detail"]["conversation"] == 1
+    assert not Conversation.objects.exists()
+
+
 def test_a_fault_in_the_last_conversation_leaves_the_first_unwritten(user: User) -> None:
     conversations = [*chatgpt_samples.export_list(), {"title": "broken", "mapping": []}]
     job = import_now(user, json.dumps(conversations).encode())
@@ -588,6 +610,17 @@ def test_a_job_the_broker_refuses_fails_at_once(
     assert not ImportChunk.objects.exists()
 
 
+def test_a_conversation_archived_in_chatgpt_is_archived_here(user: User) -> None:
+    archived = chatgpt_samples.small("Old", "Old question", "Old answer.")
+    archived["is_archived"] = True
+    import_now(user, json.dumps([archived, chatgpt_samples.sourdough()]).encode())
+    assert [c.title for c in selectors.conversation_sidebar(user=user).conversations] == [
+        "Sourdough starter"
+    ]
+    archive = selectors.conversation_sidebar(user=user, archived=True).conversations
+    assert [c.title for c in archive] == ["Old"]
+
+
 def test_a_voice_message_keeps_its_transcription(user: User) -> None:
     conversation = chatgpt_samples.small("Voice", "placeholder", "Sure.")
     conversation["mapping"]["u"]["message"]["content"] = {
@@ -626,3 +659,13 @@ def test_staff_see_imports_and_their_errors_read_only(admin_client: Any, user: U
     assert b"import_wrong_shape" in page.content
     assert b'name="_save"' not in page.content
     assert admin_client.get("/admin/conversations/importjob/add/").status_code == 403
+
+
+def test_listing_imports_costs_the_same_however_many(
+    api_client: APIClient, user: User, django_assert_max_num_queries: Any
+) -> None:
+    for _ in range(5):
+        ImportJob.objects.create(owner=user, filename="c.json", size_bytes=10, status="done")
+    with django_assert_max_num_queries(5):  # the key, its last use, the plan, the jobs
+        listed = api_client.get("/api/v1/imports")
+    assert len(listed.json()["results"]) == 5

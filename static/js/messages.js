@@ -274,6 +274,24 @@ export function updateAssistant(item, message, context) {
 // down asks for an optional reason. `context.onFeedback(message, feedback)` saves it (null
 // takes it back) and resolves to the saved feedback; the answer is then drawn again.
 const FEEDBACK_STATUSES = new Set(["complete", "cancelled"]);
+const SVG = "http://www.w3.org/2000/svg";
+const THUMBS = {
+  up: "M14 9V5a3 3 0 0 0-3-3l-4 9v11h11.28a2 2 0 0 0 2-1.7l1.38-9a2 2 0 0 0-2-2.3zM7 22H4a2 2 0 0 1-2-2v-7a2 2 0 0 1 2-2h3",
+  down: "M10 15v4a3 3 0 0 0 3 3l4-9V2H5.72a2 2 0 0 0-2 1.7l-1.38 9a2 2 0 0 0 2 2.3zm7-13h2.67A2.31 2.31 0 0 1 22 4v7a2.31 2.31 0 0 1-2.33 2H17",
+};
+
+function thumb(direction, label, onClick) {
+  const node = button("", label, onClick, "action thumb");
+  const svg = document.createElementNS(SVG, "svg");
+  svg.setAttribute("viewBox", "0 0 24 24");
+  svg.setAttribute("aria-hidden", "true");
+  svg.setAttribute("focusable", "false");
+  const path = document.createElementNS(SVG, "path");
+  path.setAttribute("d", THUMBS[direction]);
+  svg.append(path);
+  node.append(svg);
+  return node;
+}
 
 function feedbackButtons(item, message, context) {
   const group = element("div", "feedback");
@@ -287,12 +305,12 @@ function feedbackButtons(item, message, context) {
     message.feedback = saved;
     updateAssistant(item, message, context);
   };
-  const up = button("👍", "Good answer", () => save(rating === "up" ? null : { rating: "up" }), "action thumb");
+  const up = thumb("up", "Good answer", () => save(rating === "up" ? null : { rating: "up" }));
   up.setAttribute("aria-pressed", String(rating === "up"));
-  const down = button("👎", "Bad answer", () => {
+  const down = thumb("down", "Bad answer", () => {
     if (rating === "down") save(null);
     else openReasonForm(item, message, context, save);
-  }, "action thumb");
+  });
   down.setAttribute("aria-pressed", String(rating === "down"));
   group.append(up, down);
   if (rating === "down" && message.feedback.reason) {
