@@ -26,7 +26,7 @@ from chatsite import jsonbody
 from chatsite.errors import NotFound, ServiceError
 
 from .errors import ErrorCode
-from .models import Conversation, Folder, Message
+from .models import Attachment, Conversation, Folder, Message
 
 SIDEBAR_MAX_LIMIT = 100
 
@@ -71,6 +71,39 @@ def message_for_user(
     if message is None:
         raise NotFound("Message not found.")
     return message
+
+
+def attachment_for_user(
+    *, user: Any, attachment_id: uuid.UUID, conversation: Conversation, with_data: bool = False
+) -> Attachment:
+    """The file `attachment_id` of `conversation` (which the caller fetched for `user`);
+    NotFound for another conversation's, as for a missing one. Its bytes only `with_data`."""
+    attachments = Attachment.objects.filter(
+        pk=attachment_id,
+        conversation_id=conversation.pk,
+        conversation__owner_id=user.pk,
+        conversation__deleted_at__isnull=True,
+    )
+    if not with_data:
+        attachments = attachments.defer("data", "text", "embeddings")
+    attachment = attachments.select_related("conversation").first()
+    if attachment is None:
+        raise NotFound("Attachment not found.")
+    return attachment
+
+
+def attachments_by_message(*, message_ids: Sequence[Any]) -> dict[Any, list[Attachment]]:
+    """The files on each of `message_ids`, in the order they were uploaded; one query,
+    without their bytes or text."""
+    found: dict[Any, list[Attachment]] = {}
+    if not message_ids:
+        return found
+    rows = Attachment.objects.filter(message_id__in=list(message_ids)).only(
+        "id", "message_id", "conversation_id", "name", "kind", "size", "created_at"
+    )
+    for attachment in rows:
+        found.setdefault(attachment.message_id, []).append(attachment)
+    return found
 
 
 def message_visible_content(*, message: Message) -> str:

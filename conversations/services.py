@@ -26,6 +26,7 @@ from django.utils import timezone
 
 from chatsite.errors import ServiceError
 
+from .attachments import attachments_claim
 from .errors import ErrorCode
 from .models import Conversation, Folder, Message
 from .selectors import message_ancestry
@@ -147,11 +148,12 @@ def _add_turn(
     path: list[Message],
     content: str,
     count_tokens: Callable[[str], int] | None,
+    attachment_ids: Sequence[Any] = (),
 ) -> Written:
     """A user message under the last of `path` and its answer's placeholder, written in one
     statement (Postgres checks their references to each other at commit) and shown as the
     new leaf. With `count_tokens` the message's token count is written with it, saving the
-    update the context's count would cost."""
+    update the context's count would cost. The files `attachment_ids` go on the message."""
     user_message = Message(
         conversation=conversation,
         parent=path[-1],
@@ -163,6 +165,9 @@ def _add_turn(
     placeholder = _placeholder(conversation, user_message)
     user_message.current_child = placeholder
     Message.objects.bulk_create([user_message, placeholder])
+    attachments_claim(
+        conversation=conversation, message=user_message, attachment_ids=attachment_ids
+    )
     branch = _show_leaf(
         conversation, placeholder, new_activity=True, path=[*path, user_message, placeholder]
     )
@@ -244,13 +249,16 @@ def message_send(
     content: str,
     parent: Message | uuid.UUID | None = None,
     count_tokens: Callable[[str], int] | None = None,
+    attachment_ids: Sequence[Any] = (),
 ) -> Written:
     """Add a user message and the placeholder of its answer.
 
     The message goes under `parent` (a message of this conversation or its id; by default
     the current leaf), so a client may continue any branch. The placeholder is `queued`
     with the conversation's model and becomes the current leaf. `count_tokens`, the model's
-    count, fills in the message's token count as it is written.
+    count, fills in the message's token count as it is written. `attachment_ids`: files
+    uploaded to this conversation and not yet sent, which the message carries
+    (`attachments.attachments_claim`).
     """
     _check_content(content)
     with transaction.atomic():
@@ -272,7 +280,7 @@ def message_send(
                 f"A user message cannot follow a {path[-1].role} message.",
             )
         _check_idle(conversation)
-        return _add_turn(conversation, path, content, count_tokens)
+        return _add_turn(conversation, path, content, count_tokens, attachment_ids)
 
 
 def message_edit(

@@ -4,7 +4,7 @@ from django.urls import path
 
 from chatsite.threads import threaded_view
 
-from . import events, organize, views
+from . import attachments, events, organize, views
 
 # The turn's endpoints run on the edge's pool of threads (`chatsite.threads`): sends that
 # arrive at once overlap instead of queueing on the process's one sync thread.
@@ -44,6 +44,21 @@ urlpatterns = [
         "conversations/<uuid:conversation_id>/branch",
         views.BranchSwitchView.as_view(),
         name="branch-switch",
+    ),
+    path(
+        "conversations/<uuid:conversation_id>/attachments",
+        threaded_view(attachments.AttachmentListView.as_view()),
+        name="attachment-list",
+    ),
+    path(
+        "conversations/<uuid:conversation_id>/attachments/<uuid:attachment_id>",
+        attachments.AttachmentDetailView.as_view(),
+        name="attachment-detail",
+    ),
+    path(
+        "conversations/<uuid:conversation_id>/attachments/<uuid:attachment_id>/content",
+        attachments.AttachmentContentView.as_view(),
+        name="attachment-content",
     ),
     path("folders", organize.FolderListView.as_view(), name="folder-list"),
     path("folders/<uuid:folder_id>", organize.FolderDetailView.as_view(), name="folder-detail"),

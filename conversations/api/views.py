@@ -62,9 +62,17 @@ def _detail(conversation: Conversation) -> dict[str, Any]:
     generations = generation_ids_for_messages(
         message_ids=[m.pk for m in branch if m.role == m.Role.ASSISTANT]
     )
+    attachments = selectors.attachments_by_message(
+        message_ids=[m.pk for m in branch if m.role == m.Role.USER]
+    )
     serializer = ConversationDetailSerializer(
         conversation,
-        context={"branch": branch, "positions": positions, "generations": generations},
+        context={
+            "branch": branch,
+            "positions": positions,
+            "generations": generations,
+            "attachments": attachments,
+        },
     )
     return dict(serializer.data)
 
@@ -232,7 +240,8 @@ class MessageListView(APIView):
         operation_id="messages_send",
         summary="Send a message",
         description="Adds the user message under `parent_id` (default: the current leaf) and "
-        "a queued assistant placeholder, which becomes the current leaf.",
+        "a queued assistant placeholder, which becomes the current leaf. `attachment_ids`: "
+        "files uploaded to the conversation first (POST .../attachments), not yet sent.",
         request=MessageCreateSerializer,
         parameters=[IDEMPOTENCY_KEY],
         responses={201: TurnSerializer, **error_responses(400, 403, 404, 409, 413, 422, 429)},
@@ -250,6 +259,7 @@ class MessageListView(APIView):
             content=form.validated_data["content"],
             parent=form.validated_data.get("parent_id"),
             idempotency_key=_idempotency_key(request),
+            attachment_ids=form.validated_data["attachment_ids"],
         )
         return _turn(turn)
 
