@@ -69,8 +69,13 @@ def attachment_context(*, branch: Sequence[Message]) -> AttachmentContext | None
 
 def attachments_on_branch(*, branch: Sequence[Message]) -> list[Attachment]:
     """The files attached to the user messages of `branch`, in the branch's order, then in
-    the order they were uploaded; one query, without their bytes."""
-    order = {m.pk: index for index, m in enumerate(branch) if m.role == Message.Role.USER}
+    the order they were uploaded; one query (none for a branch without files), without their
+    bytes."""
+    order = {
+        m.pk: index
+        for index, m in enumerate(branch)
+        if m.role == Message.Role.USER and m.metadata.get(Attachment.METADATA_KEY)
+    }
     if not order:
         return []
     position = Case(

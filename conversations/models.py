@@ -210,6 +210,10 @@ class Attachment(models.Model):
     chunks most like the question when the whole text does not fit.
     """
 
+    # The key of a user message's `metadata` that counts the files it carries (absent: none),
+    # so that a branch without files is known as such without a query.
+    METADATA_KEY = "attachments"
+
     class Kind(models.TextChoices):
         TEXT = "text", "Text"
         MARKDOWN = "markdown", "Markdown"

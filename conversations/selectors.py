@@ -92,13 +92,14 @@ def attachment_for_user(
     return attachment
 
 
-def attachments_by_message(*, message_ids: Sequence[Any]) -> dict[Any, list[Attachment]]:
-    """The files on each of `message_ids`, in the order they were uploaded; one query,
-    without their bytes or text."""
+def attachments_by_message(*, messages: Sequence[Message]) -> dict[Any, list[Attachment]]:
+    """The files on each of `messages` that carry any, in the order they were uploaded; one
+    query, none if no message carries a file, and without their bytes or text."""
     found: dict[Any, list[Attachment]] = {}
-    if not message_ids:
+    carrying = [m.pk for m in messages if m.metadata.get(Attachment.METADATA_KEY)]
+    if not carrying:
         return found
-    rows = Attachment.objects.filter(message_id__in=list(message_ids)).only(
+    rows = Attachment.objects.filter(message_id__in=carrying).only(
         "id", "message_id", "conversation_id", "name", "kind", "size", "created_at"
     )
     for attachment in rows:

@@ -28,7 +28,7 @@ from chatsite.errors import ServiceError
 
 from .attachments import attachments_claim
 from .errors import ErrorCode
-from .models import Conversation, Folder, Message
+from .models import Attachment, Conversation, Folder, Message
 from .selectors import message_ancestry
 
 IN_PROGRESS_STATUSES = (Message.Status.QUEUED, Message.Status.STREAMING)
@@ -153,7 +153,10 @@ def _add_turn(
     """A user message under the last of `path` and its answer's placeholder, written in one
     statement (Postgres checks their references to each other at commit) and shown as the
     new leaf. With `count_tokens` the message's token count is written with it, saving the
-    update the context's count would cost. The files `attachment_ids` go on the message."""
+    update the context's count would cost. The files `attachment_ids` go on the message,
+    which counts them in its metadata (`attachments`), so that a branch without files is
+    known as such without a query."""
+    files = len(set(attachment_ids))
     user_message = Message(
         conversation=conversation,
         parent=path[-1],
@@ -161,6 +164,7 @@ def _add_turn(
         content=content,
         status=Message.Status.COMPLETE,
         content_tokens=count_tokens(content) if count_tokens is not None else None,
+        metadata={Attachment.METADATA_KEY: files} if files else {},
     )
     placeholder = _placeholder(conversation, user_message)
     user_message.current_child = placeholder

@@ -135,12 +135,10 @@ class MessageSerializer(serializers.ModelSerializer[Message]):
     @extend_schema_field(AttachmentSerializer(many=True))
     def get_attachments(self, message: Message) -> Any:
         # A list passes them all in its context (one query); a single message reads its own.
-        if message.role != Message.Role.USER:
-            return []
         if "attachments" in self.context:
             found = self.context["attachments"].get(message.pk, [])
         else:
-            found = attachments_by_message(message_ids=[message.pk]).get(message.pk, [])
+            found = attachments_by_message(messages=[message]).get(message.pk, [])
         return AttachmentSerializer(found, many=True).data
 
     class Meta:

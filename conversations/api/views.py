@@ -62,9 +62,7 @@ def _detail(conversation: Conversation) -> dict[str, Any]:
     generations = generation_ids_for_messages(
         message_ids=[m.pk for m in branch if m.role == m.Role.ASSISTANT]
     )
-    attachments = selectors.attachments_by_message(
-        message_ids=[m.pk for m in branch if m.role == m.Role.USER]
-    )
+    attachments = selectors.attachments_by_message(messages=branch)
     serializer = ConversationDetailSerializer(
         conversation,
         context={
