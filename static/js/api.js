@@ -32,14 +32,16 @@ function csrfToken() {
 
 async function request(method, path, body) {
   const headers = { Accept: "application/json" };
-  if (body !== undefined) headers["Content-Type"] = "application/json";
+  // A form (a file's upload) sets its own multipart type and boundary.
+  const form = body instanceof FormData;
+  if (body !== undefined && !form) headers["Content-Type"] = "application/json";
   if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
   let response;
   try {
     response = await fetch(BASE + path, {
       method,
       headers,
-      body: body === undefined ? undefined : JSON.stringify(body),
+      body: body === undefined || form ? body : JSON.stringify(body),
       credentials: "same-origin",
     });
   } catch {
@@ -83,8 +85,12 @@ export const renameConversation = (conversationId, title) =>
   request("PATCH", `conversations/${id(conversationId)}`, { title });
 export const deleteConversation = (conversationId) => request("DELETE", `conversations/${id(conversationId)}`);
 
-export const sendMessage = (conversationId, content) =>
-  request("POST", `conversations/${id(conversationId)}/messages`, { content });
+/** `attachmentIds`: files uploaded to the conversation (`uploadAttachment`), not yet sent. */
+export const sendMessage = (conversationId, content, attachmentIds = []) =>
+  request("POST", `conversations/${id(conversationId)}/messages`, {
+    content,
+    ...(attachmentIds.length ? { attachment_ids: attachmentIds } : {}),
+  });
 export const editMessage = (conversationId, messageId, content) =>
   request("POST", `conversations/${id(conversationId)}/messages/${id(messageId)}/edit`, { content });
 export const regenerateMessage = (conversationId, messageId) =>
@@ -131,3 +137,12 @@ export function searchMessages({ q, cursor = null }) {
   if (cursor) params.set("cursor", cursor);
   return request("GET", `search?${params}`);
 }
+
+// Attachments (#18): a file goes to its conversation first, then a message carries its id.
+export function uploadAttachment(conversationId, file) {
+  const form = new FormData();
+  form.append("file", file, file.name);
+  return request("POST", `conversations/${id(conversationId)}/attachments`, form);
+}
+export const discardAttachment = (conversationId, attachmentId) =>
+  request("DELETE", `conversations/${id(conversationId)}/attachments/${id(attachmentId)}`);
