@@ -147,6 +147,27 @@ def attachments_claim(
     return attachments
 
 
+def attachments_copy(*, source: Message, target: Message) -> list[Attachment]:
+    """Give `target`, the edit of the user message `source`, copies of the files `source`
+    carries: the old branch keeps its own, and either can go without the other. A copy is
+    not counted against the conversation's cap (the file was let in once)."""
+    copies = [
+        Attachment(
+            conversation_id=attachment.conversation_id,
+            message=target,
+            name=attachment.name,
+            kind=attachment.kind,
+            size=attachment.size,
+            data=attachment.data,
+            text=attachment.text,
+            chunks=attachment.chunks,
+            embeddings=attachment.embeddings,
+        )
+        for attachment in Attachment.objects.filter(message=source).order_by("created_at", "id")
+    ]
+    return Attachment.objects.bulk_create(copies)
+
+
 def _lock(conversation: Conversation) -> None:
     """Lock the conversation row, refusing a tombstone (as the tree's writes do)."""
     conversation.refresh_from_db(

@@ -26,7 +26,7 @@ from django.utils import timezone
 
 from chatsite.errors import ServiceError
 
-from .attachments import attachments_claim
+from .attachments import attachments_claim, attachments_copy
 from .errors import ErrorCode
 from .models import Attachment, Conversation, Folder, Message
 from .selectors import message_ancestry
@@ -149,14 +149,17 @@ def _add_turn(
     content: str,
     count_tokens: Callable[[str], int] | None,
     attachment_ids: Sequence[Any] = (),
+    carried_from: Message | None = None,
 ) -> Written:
     """A user message under the last of `path` and its answer's placeholder, written in one
     statement (Postgres checks their references to each other at commit) and shown as the
     new leaf. With `count_tokens` the message's token count is written with it, saving the
-    update the context's count would cost. The files `attachment_ids` go on the message,
-    which counts them in its metadata (`attachments`), so that a branch without files is
-    known as such without a query."""
-    files = len(set(attachment_ids))
+    update the context's count would cost. The files `attachment_ids` go on the message, and
+    copies of those `carried_from` carries (the message an edit replaces); the message counts
+    them in its metadata (`attachments`), so that a branch without files is known as such
+    without a query."""
+    carried = carried_from.metadata.get(Attachment.METADATA_KEY, 0) if carried_from else 0
+    files = len(set(attachment_ids)) + carried
     user_message = Message(
         conversation=conversation,
         parent=path[-1],
@@ -172,6 +175,8 @@ def _add_turn(
     attachments_claim(
         conversation=conversation, message=user_message, attachment_ids=attachment_ids
     )
+    if carried_from is not None and carried:
+        attachments_copy(source=carried_from, target=user_message)
     branch = _show_leaf(
         conversation, placeholder, new_activity=True, path=[*path, user_message, placeholder]
     )
@@ -291,7 +296,7 @@ def message_edit(
     *, message: Message, content: str, count_tokens: Callable[[str], int] | None = None
 ) -> Written:
     """Edit a user message: a new sibling with `content` and the placeholder of its answer
-    (`count_tokens` as for `message_send`).
+    (`count_tokens` as for `message_send`). The files the message carries go with the edit.
 
     The old message and everything under it stay intact, one branch switch away.
     """
@@ -302,7 +307,13 @@ def message_edit(
     with transaction.atomic():
         _lock(conversation)
         _check_idle(conversation)
-        return _add_turn(conversation, _path_above(conversation, message), content, count_tokens)
+        return _add_turn(
+            conversation,
+            _path_above(conversation, message),
+            content,
+            count_tokens,
+            carried_from=message,
+        )
 
 
 def message_regenerate(*, message: Message) -> Written:

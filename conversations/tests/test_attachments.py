@@ -224,8 +224,8 @@ def test_a_large_file_is_embedded_by_a_task_after_commit(
     assert attachment.embeddings is None
     assert queued == [str(attachment.pk)]
     assert tasks.embed_attachment(str(attachment.pk)) is True
-    attachment.refresh_from_db()
-    assert len(attachment.embeddings) == len(attachment.chunks) * 384 * 4
+    vectors = Attachment.objects.get(pk=attachment.pk).embeddings
+    assert vectors is not None and len(vectors) == len(attachment.chunks) * 384 * 4
     assert tasks.embed_attachment(str(attachment.pk)) is False  # done already
 
 
@@ -334,6 +334,30 @@ def test_a_bad_attachment_id_is_a_400(api_client: APIClient, conversation: Conve
     response = send(api_client, conversation, "Hi", ["nope"])
     error = assert_error(response, 400, "invalid")
     assert error["detail"] == {"attachment_ids": {"0": ["Must be a valid UUID."]}}
+
+
+def test_an_edit_carries_the_files_of_the_message_it_replaces(
+    api_client: APIClient, conversation: Conversation, django_capture_on_commit_callbacks: Any
+) -> None:
+    attachment = upload(api_client, conversation, "a.txt", b"The code word is heron.").json()
+    first = send(api_client, conversation, "Read this", [attachment["id"]]).json()
+    answer_all(conversation)
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = api_client.post(
+            f"{API}/{conversation.pk}/messages/{first['user_message']['id']}/edit",
+            {"content": "Read this again"},
+            format="json",
+        )
+
+    edited = response.json()["user_message"]
+    assert [a["name"] for a in edited["attachments"]] == ["a.txt"]
+    assert edited["attachments"][0]["id"] != attachment["id"]
+    messages = job_messages(response.json()["generation"]["id"])
+    assert "The code word is heron." in messages[1]["content"]
+    # The old branch keeps its own file.
+    assert Attachment.objects.get(pk=attachment["id"]).message_id is not None
+    assert Attachment.objects.filter(conversation=conversation).count() == 2
 
 
 # Deletion with the conversation
