@@ -552,3 +552,18 @@ def test_a_missing_vector_is_computed_when_a_message_needs_it(
     assert text is not None and "Jupiter" in text
     attachment.refresh_from_db()
     assert attachment.embeddings is not None
+
+
+def test_the_schema_describes_the_attachment_endpoints(api_client: APIClient) -> None:
+    paths = api_client.get("/api/schema/", {"format": "json"}).json()["paths"]
+
+    base = "/api/v1/conversations/{conversation_id}/attachments"
+    assert {"post"} <= set(paths[base])
+    assert {"get", "delete"} <= set(paths[base + "/{attachment_id}"])
+    assert {"get"} <= set(paths[base + "/{attachment_id}/content"])
+    upload_body = paths[base]["post"]["requestBody"]["content"]
+    assert set(upload_body) == {"multipart/form-data"}
+    assert {"201", "413", "415", "422"} <= set(paths[base]["post"]["responses"])
+    send = paths["/api/v1/conversations/{conversation_id}/messages"]["post"]
+    schema_ref = send["requestBody"]["content"]["application/json"]["schema"]["$ref"]
+    assert schema_ref.endswith("/MessageCreate")
