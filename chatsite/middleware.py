@@ -20,6 +20,7 @@ session; the session and the messages are created lazily and read nothing until 
 from __future__ import annotations
 
 import logging
+import re
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction, sync_to_async
@@ -159,7 +160,8 @@ def body_limit_middleware(get_response: Any) -> Any:
     """A request to the APIs whose body is larger than `API_MAX_BODY_BYTES` is refused with
     413 before anything reads it, in the API's own error shape (OpenAI's under `/v1/`, the
     service's under `/api/`), rather than Django's HTML 400 past its own limit. The length is
-    the request's `Content-Length`, which Django's limit also goes by."""
+    the request's `Content-Length`, which Django's limit also goes by. An attachment's
+    upload may be as large as a file may be (ATTACHMENT_MAX_BYTES), and its framing."""
     if iscoroutinefunction(get_response):
 
         async def refuse_or_await(request: HttpRequest) -> Any:
@@ -173,6 +175,10 @@ def body_limit_middleware(get_response: Any) -> Any:
     return refuse_or_call
 
 
+_ATTACHMENT_UPLOAD = re.compile(r"^/api/v1/conversations/[0-9a-fA-F-]{36}/attachments$")
+_UPLOAD_FRAMING_BYTES = 64 * 1024
+
+
 def _too_large(request: HttpRequest) -> JsonResponse | None:
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
@@ -180,6 +186,9 @@ def _too_large(request: HttpRequest) -> JsonResponse | None:
         length = 0
     # An endpoint that takes files (the import) names its own, larger limit.
     limit = settings.API_BODY_LIMITS_BY_PATH.get(request.path_info, settings.API_MAX_BODY_BYTES)
+    if _ATTACHMENT_UPLOAD.match(request.path_info):
+        # A file of up to ATTACHMENT_MAX_BYTES, and its multipart form's framing.
+        limit = max(limit, settings.ATTACHMENT_MAX_BYTES + _UPLOAD_FRAMING_BYTES)
     if length <= limit:
         return None
     return api_error(

@@ -362,6 +362,21 @@ MESSAGE_MAX_CHARS = env_int("MESSAGE_MAX_CHARS", 32_000)
 SYSTEM_PROMPT_MAX_CHARS = env_int("SYSTEM_PROMPT_MAX_CHARS", 16_000)
 TITLE_MAX_CHARS = 200
 FOLDERS_MAX_PER_USER = env_int("FOLDERS_MAX_PER_USER", 100)
+# Attachments (conversations/attachments.py): text, Markdown and PDF files on a user message.
+# An upload larger than ATTACHMENT_MAX_BYTES is refused (413), as is one that would take the
+# conversation's files past ATTACHMENTS_MAX_BYTES_PER_CONVERSATION; a message carries at most
+# ATTACHMENTS_MAX_PER_MESSAGE. Their text takes at most ATTACHMENTS_CONTEXT_SHARE of the room the
+# system prompt and the new message leave in the context; past that the chunks most like the
+# message are retrieved. A file of at most ATTACHMENT_SYNC_EMBED_CHUNKS chunks is embedded as it
+# is uploaded, a larger one by a Celery task.
+ATTACHMENT_MAX_BYTES = env_int("ATTACHMENT_MAX_BYTES", 10 * 1024 * 1024)
+ATTACHMENTS_MAX_PER_MESSAGE = env_int("ATTACHMENTS_MAX_PER_MESSAGE", 5)
+ATTACHMENTS_MAX_BYTES_PER_CONVERSATION = env_int(
+    "ATTACHMENTS_MAX_BYTES_PER_CONVERSATION", 50 * 1024 * 1024
+)
+ATTACHMENTS_CONTEXT_SHARE = env_float("ATTACHMENTS_CONTEXT_SHARE", 0.5)
+ATTACHMENT_CHUNK_CHARS = env_int("ATTACHMENT_CHUNK_CHARS", 1000)
+ATTACHMENT_SYNC_EMBED_CHUNKS = env_int("ATTACHMENT_SYNC_EMBED_CHUNKS", 32)
 DEFAULT_MODEL = os.environ.get("DEFAULT_MODEL", "smollm2-135m")
 # The `auto` model (conversations/auto_model.py): each answer by the small or the large pool,
 # as AUTO_MODEL_CHOOSER judges the task (by default: code, a prompt of LONG_PROMPT_TOKENS or

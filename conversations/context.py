@@ -6,6 +6,11 @@ kept; older turns are dropped oldest first. What is kept is a suffix of the bran
 turn's prompt extends the last one and the prefix a worker cached stays valid until the
 window has to slide.
 
+The text of files attached on the branch follows the system prompt, before the turns, in at
+most ATTACHMENTS_CONTEXT_SHARE of the room the system prompt and the new message leave:
+whole when it fits, else the parts most relevant to the new message
+(conversations/attachment_context.py).
+
 Once a rolling summary of the branch exists (conversations/summaries.py), the prompt is the
 system prompt, the first user message, the summary, then the newest turns verbatim: the
 summary stands for the turns it covers, and the prefix stays the same until those newest
@@ -16,9 +21,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 from uuid import UUID
 
+from django.conf import settings
 from tokenizers import Tokenizer
 
 from chatsite.errors import ServiceError
@@ -50,6 +56,12 @@ class AssembledContext:
     summarised_messages: int = 0
 
 
+class AttachmentText(Protocol):
+    """The text of the files attached on a branch, fitted to the room it is given."""
+
+    def text_within(self, *, tokenizer: Tokenizer, tokens: int) -> str | None: ...
+
+
 def message_tokens(tokenizer: Tokenizer, message: Message) -> int:
     """Tokens of `message`'s content, counted once and cached on the row."""
     if message.content_tokens is None:
@@ -68,6 +80,7 @@ def assemble_context(
     tokenizer: Tokenizer,
     budget_tokens: int,
     summary: BranchSummary | None = None,
+    attachments: AttachmentText | None = None,
 ) -> AssembledContext:
     """Fit `branch` (root first, ending with the new user message, or with the result of a
     `/v1` client's tool call) into `budget_tokens`.
@@ -76,6 +89,7 @@ def assemble_context(
     answered, unless it is the newest one: the model sees only turns that completed.
     `summary` (one whose `through_message` is on `branch`) replaces the turns it covers,
     after the first user message, when it fits; one from another branch is ignored.
+    `attachments`: the text of the files on the branch, placed after the system prompt.
     """
     if not branch or branch[-1].role not in (Message.Role.USER, Message.Role.TOOL):
         raise ValueError("a branch to answer ends with a user message or a tool result")
@@ -96,6 +110,14 @@ def assemble_context(
             "The message and system prompt do not fit the model's context window.",
             detail={"tokens": fixed, "budget": budget_tokens},
         )
+
+    attached: dict[str, str] | None = None
+    if attachments is not None:
+        share = int((budget_tokens - fixed) * settings.ATTACHMENTS_CONTEXT_SHARE)
+        text = attachments.text_within(tokenizer=tokenizer, tokens=share - MESSAGE_OVERHEAD_TOKENS)
+        if text:
+            fixed += count_tokens(tokenizer, text) + MESSAGE_OVERHEAD_TOKENS
+            attached = {"role": "system", "content": text}
 
     head: list[Message] = [root] if has_system else []
     note: dict[str, str] | None = None
@@ -132,6 +154,8 @@ def assemble_context(
     messages = [message_dict(m) for m in selected]
     if note is not None:
         messages.insert(len(head), note)
+    if attached is not None:
+        messages.insert(1 if has_system else 0, attached)
     return AssembledContext(
         messages=messages,
         prompt_tokens=used,

@@ -321,3 +321,48 @@ class ImportChunk(models.Model):
 
     def __str__(self) -> str:
         return f"{self.job_id} #{self.index}"
+
+
+class Attachment(models.Model):
+    """A text, Markdown or PDF file the user attached to a message (conversations/attachments.py).
+
+    Uploaded to the conversation first (`message` empty), then claimed by the user message
+    that sends it. The bytes and the extracted text live here, in Postgres, so every web host
+    reads them; it goes with its conversation (`conversations.removal`). `chunks` are the
+    text's pieces as `[start, end)` character offsets, and `embeddings` their unit vectors
+    (float32, one row per chunk), filled once computed: context assembly retrieves the
+    chunks most like the question when the whole text does not fit.
+    """
+
+    # The key of a user message's `metadata` that counts the files it carries (absent: none),
+    # so that a branch without files is known as such without a query.
+    METADATA_KEY = "attachments"
+
+    class Kind(models.TextChoices):
+        TEXT = "text", "Text"
+        MARKDOWN = "markdown", "Markdown"
+        PDF = "pdf", "PDF"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    conversation = models.ForeignKey(
+        Conversation, on_delete=models.CASCADE, related_name="attachments"
+    )
+    message = models.ForeignKey(
+        Message, null=True, blank=True, on_delete=models.CASCADE, related_name="attachments"
+    )
+    name = models.CharField(max_length=255)
+    kind = models.CharField(max_length=16, choices=Kind.choices)
+    size = models.PositiveIntegerField(help_text="Bytes of the file as uploaded.")
+    data = models.BinaryField(help_text="The file as uploaded.")
+    text = models.TextField(help_text="The text the model reads (a PDF's, extracted).")
+    chunks = models.JSONField(default=list, help_text="[start, end) offsets into `text`.")
+    embeddings = models.BinaryField(
+        null=True, blank=True, help_text="One float32 unit vector per chunk, once computed."
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["created_at", "id"]
+
+    def __str__(self) -> str:
+        return self.name

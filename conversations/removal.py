@@ -1,8 +1,9 @@
 """Removing a conversation: the one way, whoever asks (the API, admin, retention, `/v1`).
 
 `conversation_remove` deletes every message and with them, by cascade, their generations,
-summaries and whatever indexes them (search). Answers still queued or streaming are stopped
-and their reservations given back (an abandoned answer is not charged). After commit the
+summaries, attachments and whatever indexes them (search), and the files uploaded but not
+yet sent. Answers still queued or streaming are stopped and their reservations given back
+(an abandoned answer is not charged). After commit the
 conversation's Redis keys go (the generations' event streams and jobs, the worker affinity,
 a pending summary claim) and the owner's open pages hear of it. Usage stays only in
 billing's ledger (`UsageEvent` keeps the generation id, not a foreign key) and statements.
@@ -31,7 +32,7 @@ from inference.models import Generation
 from inference.services import generations_abandon
 
 from .events import user_event_publish
-from .models import Conversation, Message, Share
+from .models import Attachment, Conversation, Message, Share
 from .summaries import summary_pending_key
 
 # How long the closing `done` of an answer cut short by a deletion stays for its watchers.
@@ -94,6 +95,8 @@ def _wipe(conversation: Conversation) -> None:
         Message.objects.filter(conversation=conversation).delete()
         # A share is a copy of the messages: it goes with them, its link 404 from now on.
         Share.objects.filter(conversation=conversation).delete()
+        # Files uploaded but never sent hang on the conversation, not on a message.
+        Attachment.objects.filter(conversation=conversation).delete()
 
 
 def _drop_row(conversation: Conversation) -> bool:
@@ -122,7 +125,8 @@ class DropPlan:
     messages is a plain cascade or set-null (`drop_plan`): one per related model, then the
     messages and the conversation, where Django's collector first selects every message and
     then deletes by lists of ids (a conversation with a row of every kind: 21 statements by the
-    collector, 14 so; removing an unkept `/v1` conversation: 23, now 15).
+    collector, 14 so, before attachments added a kind and a statement; removing an unkept
+    `/v1` conversation: 23, now 15).
 
     The conversation is locked meanwhile, and the rows refer to each other only within it
     (replies, the current leaf); Postgres checks its foreign keys at commit."""

@@ -26,7 +26,7 @@ from chatsite import jsonbody
 from chatsite.errors import NotFound, ServiceError
 
 from .errors import ErrorCode
-from .models import Conversation, Feedback, Folder, Message, Share
+from .models import Attachment, Conversation, Feedback, Folder, Message, Share
 from .share_tokens import share_id_from_token
 
 SIDEBAR_MAX_LIMIT = 100
@@ -72,6 +72,40 @@ def message_for_user(
     if message is None:
         raise NotFound("Message not found.")
     return message
+
+
+def attachment_for_user(
+    *, user: Any, attachment_id: uuid.UUID, conversation: Conversation, with_data: bool = False
+) -> Attachment:
+    """The file `attachment_id` of `conversation` (which the caller fetched for `user`);
+    NotFound for another conversation's, as for a missing one. Its bytes only `with_data`."""
+    attachments = Attachment.objects.filter(
+        pk=attachment_id,
+        conversation_id=conversation.pk,
+        conversation__owner_id=user.pk,
+        conversation__deleted_at__isnull=True,
+    )
+    if not with_data:
+        attachments = attachments.defer("data", "text", "embeddings")
+    attachment = attachments.select_related("conversation").first()
+    if attachment is None:
+        raise NotFound("Attachment not found.")
+    return attachment
+
+
+def attachments_by_message(*, messages: Sequence[Message]) -> dict[Any, list[Attachment]]:
+    """The files on each of `messages` that carry any, in the order they were uploaded; one
+    query, none if no message carries a file, and without their bytes or text."""
+    found: dict[Any, list[Attachment]] = {}
+    carrying = [m.pk for m in messages if m.metadata.get(Attachment.METADATA_KEY)]
+    if not carrying:
+        return found
+    rows = Attachment.objects.filter(message_id__in=carrying).only(
+        "id", "message_id", "conversation_id", "name", "kind", "size", "created_at"
+    )
+    for attachment in rows:
+        found.setdefault(attachment.message_id, []).append(attachment)
+    return found
 
 
 def message_visible_content(*, message: Message) -> str:

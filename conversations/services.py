@@ -26,8 +26,9 @@ from django.utils import timezone
 
 from chatsite.errors import ServiceError
 
+from .attachments import attachments_claim, attachments_copy
 from .errors import ErrorCode
-from .models import Conversation, Feedback, Folder, Message, Share
+from .models import Attachment, Conversation, Feedback, Folder, Message, Share
 from .selectors import active_branch, message_ancestry
 
 IN_PROGRESS_STATUSES = (Message.Status.QUEUED, Message.Status.STREAMING)
@@ -147,11 +148,18 @@ def _add_turn(
     path: list[Message],
     content: str,
     count_tokens: Callable[[str], int] | None,
+    attachment_ids: Sequence[Any] = (),
+    carried_from: Message | None = None,
 ) -> Written:
     """A user message under the last of `path` and its answer's placeholder, written in one
     statement (Postgres checks their references to each other at commit) and shown as the
     new leaf. With `count_tokens` the message's token count is written with it, saving the
-    update the context's count would cost."""
+    update the context's count would cost. The files `attachment_ids` go on the message, and
+    copies of those `carried_from` carries (the message an edit replaces); the message counts
+    them in its metadata (`attachments`), so that a branch without files is known as such
+    without a query."""
+    carried = carried_from.metadata.get(Attachment.METADATA_KEY, 0) if carried_from else 0
+    files = len(set(attachment_ids)) + carried
     user_message = Message(
         conversation=conversation,
         parent=path[-1],
@@ -159,10 +167,16 @@ def _add_turn(
         content=content,
         status=Message.Status.COMPLETE,
         content_tokens=count_tokens(content) if count_tokens is not None else None,
+        metadata={Attachment.METADATA_KEY: files} if files else {},
     )
     placeholder = _placeholder(conversation, user_message)
     user_message.current_child = placeholder
     Message.objects.bulk_create([user_message, placeholder])
+    attachments_claim(
+        conversation=conversation, message=user_message, attachment_ids=attachment_ids
+    )
+    if carried_from is not None and carried:
+        attachments_copy(source=carried_from, target=user_message)
     branch = _show_leaf(
         conversation, placeholder, new_activity=True, path=[*path, user_message, placeholder]
     )
@@ -244,13 +258,16 @@ def message_send(
     content: str,
     parent: Message | uuid.UUID | None = None,
     count_tokens: Callable[[str], int] | None = None,
+    attachment_ids: Sequence[Any] = (),
 ) -> Written:
     """Add a user message and the placeholder of its answer.
 
     The message goes under `parent` (a message of this conversation or its id; by default
     the current leaf), so a client may continue any branch. The placeholder is `queued`
     with the conversation's model and becomes the current leaf. `count_tokens`, the model's
-    count, fills in the message's token count as it is written.
+    count, fills in the message's token count as it is written. `attachment_ids`: files
+    uploaded to this conversation and not yet sent, which the message carries
+    (`attachments.attachments_claim`).
     """
     _check_content(content)
     with transaction.atomic():
@@ -272,14 +289,14 @@ def message_send(
                 f"A user message cannot follow a {path[-1].role} message.",
             )
         _check_idle(conversation)
-        return _add_turn(conversation, path, content, count_tokens)
+        return _add_turn(conversation, path, content, count_tokens, attachment_ids)
 
 
 def message_edit(
     *, message: Message, content: str, count_tokens: Callable[[str], int] | None = None
 ) -> Written:
     """Edit a user message: a new sibling with `content` and the placeholder of its answer
-    (`count_tokens` as for `message_send`).
+    (`count_tokens` as for `message_send`). The files the message carries go with the edit.
 
     The old message and everything under it stay intact, one branch switch away.
     """
@@ -290,7 +307,13 @@ def message_edit(
     with transaction.atomic():
         _lock(conversation)
         _check_idle(conversation)
-        return _add_turn(conversation, _path_above(conversation, message), content, count_tokens)
+        return _add_turn(
+            conversation,
+            _path_above(conversation, message),
+            content,
+            count_tokens,
+            carried_from=message,
+        )
 
 
 def message_regenerate(*, message: Message) -> Written:

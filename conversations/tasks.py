@@ -1,5 +1,5 @@
-"""Celery tasks of conversations: titles, rolling summaries and history retention, and the
-requests that queue them after commit.
+"""Celery tasks of conversations: titles, rolling summaries, history retention and the
+embeddings of large attachments, and the requests that queue them after commit.
 
 Every task is idempotent (a repeat finds its work done and returns), so `acks_late` is safe:
 a worker that dies mid-task leaves the message to another. Faults of a worker, the database
@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 from chatsite.redis import sync_redis
 from inference.client import WorkerFault
 
-from . import retention, summaries, titles
+from . import attachment_context, retention, summaries, titles
 from .context import AssembledContext
 from .models import Conversation, Message
 from .unkept import unkept_listed
@@ -61,6 +61,18 @@ def summarise_branch(conversation_id: str, leaf_message_id: str, budget_tokens: 
 def purge_expired_conversations() -> int:
     """Delete conversations past their owner's plan history retention (hourly, in beat)."""
     return retention.conversations_purge_expired()
+
+
+@shared_task(soft_time_limit=240, time_limit=300, **_RETRY)
+def embed_attachment(attachment_id: str) -> bool:
+    """Embed the chunks of a large attachment for retrieval (a no-op once they are)."""
+    return attachment_context.attachment_embed(attachment_id=attachment_id)
+
+
+def attachment_embed_later(*, attachment_id: Any) -> None:
+    """Queue `embed_attachment` after commit. Robust: should the broker be down, the upload
+    stands, and the first message that needs the vectors computes them."""
+    transaction.on_commit(lambda: embed_attachment.delay(str(attachment_id)), robust=True)
 
 
 def title_request_after_answer(*, conversation: Conversation, status: str) -> None:

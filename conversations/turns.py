@@ -53,6 +53,7 @@ from moderation.models import Flag
 from moderation.services import flag_record, moderation_check_input, moderation_ensure_can_send
 
 from . import auto_model, services
+from .attachment_context import attachment_context
 from .auto_model import is_auto
 from .context import assemble_context, count_tokens
 from .models import Conversation, Message
@@ -107,9 +108,19 @@ def turn_send(
     content: str,
     parent: Message | Any | None = None,
     idempotency_key: str | None = None,
+    attachment_ids: Sequence[Any] = (),
 ) -> Turn:
-    """Add a user message under `parent` (default: the current leaf) and queue its answer."""
+    """Add a user message under `parent` (default: the current leaf), carrying the files
+    `attachment_ids` uploaded to the conversation, and queue its answer."""
     parent_id = parent.pk if isinstance(parent, Message) else parent
+    request: dict[str, Any] = {
+        "action": "send",
+        "conversation": conversation.pk,
+        "content": content,
+        "parent": parent_id,
+    }
+    if attachment_ids:
+        request["attachments"] = [str(pk) for pk in attachment_ids]
     return _queued_turn(
         user=user,
         conversation=conversation,
@@ -118,15 +129,11 @@ def turn_send(
             content=content,
             parent=parent,
             count_tokens=_token_counter(conversation.model),
+            attachment_ids=attachment_ids,
         ),
         content=content,
         idempotency_key=idempotency_key,
-        request={
-            "action": "send",
-            "conversation": conversation.pk,
-            "content": content,
-            "parent": parent_id,
-        },
+        request=request,
     )
 
 
@@ -409,6 +416,7 @@ def generation_start(
             tokenizer=tokenizer,
             budget_tokens=budget_tokens,
             summary=None if new_conversation else summary_for_branch(branch=branch),
+            attachments=None if new_conversation else attachment_context(branch=branch),
         )
     # Turns dropped that no summary covers: the branch's summary is due.
     summary_request_if_needed(

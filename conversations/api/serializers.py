@@ -12,12 +12,13 @@ from typing import Any
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers
 
-from conversations.models import Conversation, Feedback, Folder, Message, Share
+from conversations.models import Attachment, Conversation, Feedback, Folder, Message, Share
 from conversations.search import SEARCH_MAX_LIMIT
 from conversations.selectors import (
     SIDEBAR_MAX_LIMIT,
     UNFILED,
     SiblingPosition,
+    attachments_by_message,
     message_notice,
     message_visible_content,
 )
@@ -39,6 +40,31 @@ class StrictUUIDField(serializers.UUIDField):
         if not isinstance(data, str):
             self.fail("invalid", value=data)
         return super().to_internal_value(data)
+
+
+class AttachmentSerializer(serializers.ModelSerializer[Attachment]):
+    """A file on a message (or uploaded, not yet sent: `message_id` null)."""
+
+    conversation_id = serializers.UUIDField(read_only=True)
+    message_id = serializers.UUIDField(read_only=True, allow_null=True)
+    url = serializers.SerializerMethodField(help_text="Downloads the file as uploaded.")
+
+    def get_url(self, attachment: Attachment) -> str:
+        return (
+            f"/api/v1/conversations/{attachment.conversation_id}"
+            f"/attachments/{attachment.pk}/content"
+        )
+
+    class Meta:
+        model = Attachment
+        fields = ["id", "conversation_id", "message_id", "name", "kind", "size", "url"]
+        read_only_fields = fields
+
+
+class AttachmentUploadSerializer(serializers.Serializer[Any]):
+    file = serializers.FileField(
+        allow_empty_file=True, help_text="A text, Markdown or PDF file, as multipart form data."
+    )
 
 
 class MessageSerializer(serializers.ModelSerializer[Message]):
@@ -102,6 +128,19 @@ class MessageSerializer(serializers.ModelSerializer[Message]):
             "ok": bool(message.metadata.get("ok", True)),
         }
 
+    attachments = serializers.SerializerMethodField(
+        help_text="The files a user message carries; empty for other roles."
+    )
+
+    @extend_schema_field(AttachmentSerializer(many=True))
+    def get_attachments(self, message: Message) -> Any:
+        # A list passes them all in its context (one query); a single message reads its own.
+        if "attachments" in self.context:
+            found = self.context["attachments"].get(message.pk, [])
+        else:
+            found = attachments_by_message(messages=[message]).get(message.pk, [])
+        return AttachmentSerializer(found, many=True).data
+
     class Meta:
         model = Message
         fields = [
@@ -114,6 +153,7 @@ class MessageSerializer(serializers.ModelSerializer[Message]):
             "route",
             "tool_calls",
             "tool",
+            "attachments",
             "status",
             "model",
             "prompt_tokens",
@@ -218,6 +258,7 @@ class ConversationDetailSerializer(ConversationSerializer):
             "positions": positions,
             "generations": self.context.get("generations", {}),
             "feedback": self.context.get("feedback", {}),
+            "attachments": self.context.get("attachments", {}),
         }
         return BranchMessageSerializer(branch, many=True, context=context).data
 
@@ -332,6 +373,13 @@ class MessageCreateSerializer(serializers.Serializer[Any]):
     content = StrictCharField(allow_blank=True, trim_whitespace=False)
     parent_id = StrictUUIDField(
         required=False, allow_null=True, help_text="Defaults to the current leaf."
+    )
+    attachment_ids = serializers.ListField(
+        child=StrictUUIDField(),
+        required=False,
+        default=list,
+        max_length=100,
+        help_text="Files uploaded to this conversation (POST .../attachments), not yet sent.",
     )
 
 

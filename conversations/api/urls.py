@@ -4,7 +4,7 @@ from django.urls import path
 
 from chatsite.threads import threaded_view
 
-from . import events, organize, portability, sharing, views
+from . import attachments, events, organize, portability, sharing, views
 
 # The turn's endpoints run on the edge's pool of threads (`chatsite.threads`): sends that
 # arrive at once overlap instead of queueing on the process's one sync thread.
@@ -57,6 +57,21 @@ urlpatterns = [
     ),
     path("shares", sharing.ShareListView.as_view(), name="share-list"),
     path("shares/<uuid:share_id>/revoke", sharing.ShareRevokeView.as_view(), name="share-revoke"),
+    path(
+        "conversations/<uuid:conversation_id>/attachments",
+        threaded_view(attachments.AttachmentListView.as_view()),
+        name="attachment-list",
+    ),
+    path(
+        "conversations/<uuid:conversation_id>/attachments/<uuid:attachment_id>",
+        attachments.AttachmentDetailView.as_view(),
+        name="attachment-detail",
+    ),
+    path(
+        "conversations/<uuid:conversation_id>/attachments/<uuid:attachment_id>/content",
+        attachments.AttachmentContentView.as_view(),
+        name="attachment-content",
+    ),
     path("folders", organize.FolderListView.as_view(), name="folder-list"),
     path("folders/<uuid:folder_id>", organize.FolderDetailView.as_view(), name="folder-detail"),
     path("search", organize.SearchView.as_view(), name="message-search"),

@@ -63,6 +63,7 @@ def _detail(conversation: Conversation) -> dict[str, Any]:
     generations = generation_ids_for_messages(message_ids=answer_ids)
     # Only the owner reaches this detail, and only the owner gives feedback here.
     feedback = selectors.feedback_of(user_id=conversation.owner_id, message_ids=answer_ids)
+    attachments = selectors.attachments_by_message(messages=branch)
     serializer = ConversationDetailSerializer(
         conversation,
         context={
@@ -70,6 +71,7 @@ def _detail(conversation: Conversation) -> dict[str, Any]:
             "positions": positions,
             "generations": generations,
             "feedback": feedback,
+            "attachments": attachments,
         },
     )
     return dict(serializer.data)
@@ -238,7 +240,8 @@ class MessageListView(APIView):
         operation_id="messages_send",
         summary="Send a message",
         description="Adds the user message under `parent_id` (default: the current leaf) and "
-        "a queued assistant placeholder, which becomes the current leaf.",
+        "a queued assistant placeholder, which becomes the current leaf. `attachment_ids`: "
+        "files uploaded to the conversation first (POST .../attachments), not yet sent.",
         request=MessageCreateSerializer,
         parameters=[IDEMPOTENCY_KEY],
         responses={201: TurnSerializer, **error_responses(400, 403, 404, 409, 413, 422, 429)},
@@ -256,6 +259,7 @@ class MessageListView(APIView):
             content=form.validated_data["content"],
             parent=form.validated_data.get("parent_id"),
             idempotency_key=_idempotency_key(request),
+            attachment_ids=form.validated_data["attachment_ids"],
         )
         return _turn(turn)
 

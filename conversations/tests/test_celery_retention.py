@@ -27,7 +27,7 @@ from chatsite.celery import app
 from chatsite.redis import sync_redis
 from conversations import removal
 from conversations.events import user_event_publish, user_events_key
-from conversations.models import BranchSummary, Conversation, Message
+from conversations.models import Attachment, BranchSummary, Conversation, Message
 from conversations.removal import conversation_remove
 from conversations.services import conversation_create
 from conversations.tasks import purge_expired_conversations
@@ -88,6 +88,16 @@ def _full_conversation(user: User, title: str) -> tuple[Conversation, list[Any]]
         vector=b"\0" * 16,
     )
     ConversationTool.objects.create(conversation=conversation, tool_name="web", enabled=False)
+    Attachment.objects.create(
+        conversation=conversation,
+        message=done.user_message,
+        name="notes.txt",
+        kind=Attachment.Kind.TEXT,
+        size=5,
+        data=b"notes",
+        text="notes",
+        chunks=[[0, 5]],
+    )
     Flag.objects.create(
         user=user,
         conversation=conversation,
@@ -124,9 +134,9 @@ def test_dropping_a_conversation_leaves_no_row_of_it_and_spares_the_others(user:
         _rows_pointing_at(Conversation, [kept.pk]),
     ) == before
     # The generations, the lock, one statement per related model (a flag's two fields: two;
-    # shares and feedback, #18: one each), the messages and the row, in a transaction: 16.
-    # Django's collector took 21 here before shares and feedback.
-    assert len(statements) <= 16, "\n".join(q["sql"][:120] for q in statements)
+    # #18's shares, feedback and attachments: one each), the messages and the row, in a
+    # transaction: 17 (14 before #18). Django's collector took 21 here before #18.
+    assert len(statements) <= 17, "\n".join(q["sql"][:120] for q in statements)
 
 
 def test_a_relation_the_plan_cannot_follow_hands_the_drop_to_django(

@@ -11,9 +11,10 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from chatsite import embeddings
 from plugins.sdk import Plugin, Tool, ToolContext, ToolError
 
-from . import embeddings, search_index
+from . import search_index
 
 MAX_QUERY_CHARS = 500
 MAX_RESULTS = 10

@@ -24,11 +24,10 @@ import numpy as np
 from django.conf import settings
 from django.db.models import Exists, OuterRef, QuerySet
 
+from chatsite import embeddings
 from chatsite.vanishing import unless_vanished
 from conversations.models import Message
 from plugins.models import MessageEmbedding
-
-from . import embeddings
 
 INDEXED_ROLES = (Message.Role.USER, Message.Role.ASSISTANT)
 SNIPPET_CHARS = 240

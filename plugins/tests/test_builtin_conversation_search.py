@@ -7,10 +7,11 @@ from typing import Any
 
 import pytest
 
+from chatsite import embeddings
 from conversations.models import Message
 from conversations.removal import conversation_remove
 from conversations.tests.factories import ConversationFactory, exchange
-from plugins.builtin import embeddings, search_index
+from plugins.builtin import search_index
 from plugins.builtin.conversation_search import plugin
 from plugins.models import MessageEmbedding
 from plugins.sdk import ToolContext, ToolError

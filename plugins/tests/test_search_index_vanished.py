@@ -13,11 +13,12 @@ import numpy as np
 import pytest
 from django.db import connection
 
+from chatsite import embeddings
 from chatsite.testing import logged, run_task_quietly
 from conversations.models import Conversation, Message
 from conversations.removal import conversation_remove
 from conversations.tests.factories import ConversationFactory, exchange
-from plugins.builtin import embeddings, search_index
+from plugins.builtin import search_index
 from plugins.models import MessageEmbedding
 from plugins.tasks import search_index_message
 

@@ -35,6 +35,9 @@ async function request(method, path, body) {
   // A form (a file upload) sets its own multipart Content-Type, boundary included.
   const isForm = body instanceof FormData;
   if (body !== undefined && !isForm) headers["Content-Type"] = "application/json";
+  // A form (a file's upload) sets its own multipart type and boundary.
+  const form = body instanceof FormData;
+  if (body !== undefined && !form) headers["Content-Type"] = "application/json";
   if (method !== "GET") headers["X-CSRFToken"] = csrfToken();
   let response;
   try {
@@ -42,6 +45,7 @@ async function request(method, path, body) {
       method,
       headers,
       body: body === undefined || isForm ? body : JSON.stringify(body),
+      body: body === undefined || form ? body : JSON.stringify(body),
       credentials: "same-origin",
     });
   } catch {
@@ -85,8 +89,12 @@ export const renameConversation = (conversationId, title) =>
   request("PATCH", `conversations/${id(conversationId)}`, { title });
 export const deleteConversation = (conversationId) => request("DELETE", `conversations/${id(conversationId)}`);
 
-export const sendMessage = (conversationId, content) =>
-  request("POST", `conversations/${id(conversationId)}/messages`, { content });
+/** `attachmentIds`: files uploaded to the conversation (`uploadAttachment`), not yet sent. */
+export const sendMessage = (conversationId, content, attachmentIds = []) =>
+  request("POST", `conversations/${id(conversationId)}/messages`, {
+    content,
+    ...(attachmentIds.length ? { attachment_ids: attachmentIds } : {}),
+  });
 export const editMessage = (conversationId, messageId, content) =>
   request("POST", `conversations/${id(conversationId)}/messages/${id(messageId)}/edit`, { content });
 export const regenerateMessage = (conversationId, messageId) =>
@@ -155,3 +163,11 @@ export function uploadImport(file) {
 }
 export const getImport = (jobId) => request("GET", `imports/${id(jobId)}`);
 export const listImports = () => request("GET", "imports");
+// Attachments (#18): a file goes to its conversation first, then a message carries its id.
+export function uploadAttachment(conversationId, file) {
+  const form = new FormData();
+  form.append("file", file, file.name);
+  return request("POST", `conversations/${id(conversationId)}/attachments`, form);
+}
+export const discardAttachment = (conversationId, attachmentId) =>
+  request("DELETE", `conversations/${id(conversationId)}/attachments/${id(attachmentId)}`);

@@ -8,6 +8,7 @@
 
 import * as api from "./api.js";
 import { showExport } from "./exporting.js";
+import { AttachmentTray } from "./attachments.js";
 import { isInProgress, messageElement, startEdit, updateAssistant, withToolSteps } from "./messages.js";
 import { MessageSearch } from "./search.js";
 import { ShareDialog } from "./shares.js";
@@ -39,6 +40,9 @@ const ui = {
   backdrop: byId("sidebar-backdrop"),
   newChat: byId("new-chat"),
   shareOpen: byId("share-open"),
+  tray: byId("attachment-tray"),
+  attach: byId("attach"),
+  attachInput: byId("attach-input"),
 };
 
 const FINAL_STATUS = { complete: "complete", cancelled: "cancelled" };
@@ -118,6 +122,7 @@ function showNewChat({ push }) {
   if (push) window.history.pushState(null, "", pathFor(null));
   setHeader(null);
   tools.show(null);
+  tray.reset(null);
   ui.list.replaceChildren();
   ui.empty.hidden = false;
   sidebar.setActive(null);
@@ -188,7 +193,10 @@ function showConversation(detail, { scroll = "bottom" } = {}) {
   state.viewId = detail.id;
   state.editing = false;
   setHeader(detail);
-  if (opened) tools.show(detail.id);
+  if (opened) {
+    tools.show(detail.id);
+    tray.reset(detail.id);
+  }
   sidebar.setActive(detail.id);
   for (const message of detail.messages) {
     if (isInProgress(message)) ensureStream(message.generation_id, message.id, detail.id);
@@ -333,6 +341,7 @@ function updateComposer() {
   ui.send.disabled = state.pending;
   const canWrite = Boolean(state.conversation) || config.models.length > 0;
   ui.prompt.disabled = !canWrite;
+  ui.attach.disabled = !canWrite;
   ui.composer.classList.toggle("busy", state.pending);
 }
 
@@ -387,7 +396,10 @@ async function submitPrompt() {
       sidebar.upsert(conversation, { top: true });
       sidebar.setActive(conversation.id);
     }
-    const turn = await api.sendMessage(conversation.id, content);
+    // The files chosen go first (a new chat's now that it exists); a refused one stops the send.
+    const attachmentIds = tray.isEmpty ? [] : await tray.ready(conversation.id);
+    const turn = await api.sendMessage(conversation.id, content, attachmentIds);
+    tray.sent();
     ui.prompt.value = "";
     autosize();
     ensureStream(turn.generation.id, turn.assistant_message.id, conversation.id);
@@ -524,6 +536,8 @@ function closeSidebar() {
 }
 
 // Wiring
+
+const tray = new AttachmentTray({ list: ui.tray, input: ui.attachInput, button: ui.attach });
 
 const tools = new ToolsMenu({
   root: byId("tools-menu"),

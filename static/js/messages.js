@@ -2,6 +2,7 @@
 // branch switcher (`< 2/3 >`) and, for an answer, its state (queued, streaming, stopped...).
 // User text is only ever set as text; answers go through the Markdown module.
 
+import { attachmentList } from "./attachments.js";
 import { copyButton, renderMarkdown } from "./markdown.js";
 
 const IN_PROGRESS = new Set(["queued", "streaming"]);
@@ -183,6 +184,8 @@ export function messageElement(message, context) {
   item.append(role, body);
   if (message.role === "user") {
     body.textContent = message.content;
+    const files = attachmentList(message.attachments);
+    if (files) item.append(files);
     const actions = element("div", "message-actions");
     const switcher = branchSwitcher(message, context.onSwitch, context.switching);
     if (switcher) actions.append(switcher);

