@@ -674,7 +674,7 @@ def test_listing_imports_costs_the_same_however_many(
 def test_a_crash_while_writing_rolls_every_conversation_back(
     user: User, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    written = []
+    written: list[Conversation] = []
     real = importing.conversation_import
 
     def crash_on_the_second(**kwargs: Any) -> Conversation:
