@@ -81,15 +81,15 @@ def import_job_run(*, job_id: Any) -> ImportJob | None:
             progress.report(0, force=True)
             _write(job, file, progress)
     except ImportFault as fault:
-        _fail(job, fault)
+        import_job_fail(job=job, fault=fault)
     except DatabaseError:
         raise
     except Exception:
         # A fault of ours, not of the file: the transaction rolled back, nothing was written.
         logger.exception("import %s failed", job.pk)
-        _fail(
-            job,
-            ServiceError(
+        import_job_fail(
+            job=job,
+            fault=ServiceError(
                 ErrorCode.IMPORT_FAILED,
                 "The import failed on our side; nothing was imported. Please try again.",
             ),
@@ -105,10 +105,6 @@ def _update(job: ImportJob, **values: Any) -> None:
 
 def import_job_fail(*, job: ImportJob, fault: ServiceError) -> None:
     """End the job `failed` with `fault` as its error, its pieces removed."""
-    _fail(job, fault)
-
-
-def _fail(job: ImportJob, fault: ServiceError) -> None:
     with transaction.atomic():
         _update(
             job,

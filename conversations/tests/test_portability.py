@@ -24,7 +24,7 @@ from chatsite.testing import assert_error
 from conversations import selectors
 from conversations.events import user_events_key
 from conversations.models import Conversation, Folder, ImportChunk, ImportJob, Message
-from conversations.portability import tasks
+from conversations.portability import importing, tasks
 from conversations.portability.importers import IterStream, read_json
 from conversations.portability.importing import import_job_run
 from conversations.portability.services import import_job_create
@@ -669,3 +669,25 @@ def test_listing_imports_costs_the_same_however_many(
     with django_assert_max_num_queries(5):  # the key, its last use, the plan, the jobs
         listed = api_client.get("/api/v1/imports")
     assert len(listed.json()["results"]) == 5
+
+
+def test_a_crash_while_writing_rolls_every_conversation_back(
+    user: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    written: list[Conversation] = []
+    real = importing.conversation_import
+
+    def crash_on_the_second(**kwargs: Any) -> Conversation:
+        if written:
+            raise RuntimeError("the disk is full")
+        written.append(real(**kwargs))
+        return written[-1]
+
+    monkeypatch.setattr(importing, "conversation_import", crash_on_the_second)
+    job = import_now(user, json.dumps(chatgpt_samples.export_list()).encode())
+
+    assert len(written) == 1  # one was written, then rolled back with the rest
+    assert job.status == "failed"
+    assert job.error is not None and job.error["code"] == "import_failed"
+    assert not Conversation.objects.exists()
+    assert not Message.objects.exists()
