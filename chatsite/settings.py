@@ -576,6 +576,8 @@ BILLING_ABUSE_RATES = {
     "signup": os.environ.get("RATE_LIMIT_SIGNUP", "5/h"),
     "api_key_create": os.environ.get("RATE_LIMIT_API_KEY_CREATE", "20/h"),
     "message_post": os.environ.get("RATE_LIMIT_MESSAGE_POST", "60/m"),
+    # Each share link copies a branch: a bound on how fast one address can pile them up.
+    "share_create": os.environ.get("RATE_LIMIT_SHARE_CREATE", "60/h"),
 }
 RATELIMIT_USE_CACHE = "default"
 # While Redis is away (a failover, seconds) the abuse counters cannot count: requests go on

@@ -19,7 +19,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection
-from django.db.models import Count, Exists, F, OuterRef, Q
+from django.db.models import Count, Exists, F, OuterRef, Q, UUIDField
+from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Lower
 
 from chatsite import jsonbody
@@ -356,20 +357,37 @@ class FeedbackRow:
         return self.regenerated / self.answers if self.answers else None
 
 
+def _question_of_answer() -> RawSQL:
+    """The id of the user message an answer replies to: its parent, or, after tool rounds
+    (the tool loop re-parents the answer under its last tool result), the nearest user message
+    above it; as a correlated subquery of the answer's row."""
+    table = connection.ops.quote_name(Message._meta.db_table)
+    user = Message.Role.USER.value
+    # The table name comes from the model and the role from its choices, never from input.
+    sql = f"""(
+        WITH RECURSIVE above (id, parent_id, role, depth) AS (
+            SELECT m.id, m.parent_id, m.role, 0 FROM {table} m WHERE m.id = {table}.parent_id
+            UNION ALL
+            SELECT m.id, m.parent_id, m.role, above.depth + 1
+            FROM {table} m JOIN above ON m.id = above.parent_id AND above.role <> '{user}'
+        )
+        SELECT id FROM above WHERE role = '{user}' ORDER BY depth LIMIT 1
+    )"""  # noqa: S608
+    return RawSQL(sql, [], output_field=UUIDField())  # noqa: S611 (no input in it, as above)
+
+
 def feedback_report(*, since: datetime, until: datetime) -> list[FeedbackRow]:
     """Per model and answering pool, over answers written in [since, until): how many, how
     many were regenerated, and the thumbs up and down they got.
 
     An answer is a message with a generation (so the tool loop's intermediate rounds are not
-    counted). It was regenerated when a later answer hangs under the same parent: Regenerate
-    adds a sibling under the question, where an edit forks the question itself and so is no
-    regeneration. An answer that followed tool rounds hangs under its last tool result while
-    its regeneration starts under the question, so such an answer is not seen as regenerated.
-    The pool is the one that answered (`Generation.served_pool`, else the one asked).
-    Two grouped queries, whatever the period.
+    counted). It was regenerated when a later answer replies to the same question: Regenerate
+    adds a sibling under the question (above any tool rounds the answer made), where an edit
+    forks the question itself and so is no regeneration. The pool is the one that answered
+    (`Generation.served_pool`, else the one asked). Two grouped queries, whatever the period.
     """
-    later_sibling = Message.objects.filter(
-        parent_id=OuterRef("parent_id"),
+    later_answer = Message.objects.filter(
+        parent_id=OuterRef("question_id"),
         role=Message.Role.ASSISTANT,
         generation__isnull=False,
         created_at__gt=OuterRef("created_at"),
@@ -382,7 +400,8 @@ def feedback_report(*, since: datetime, until: datetime) -> list[FeedbackRow]:
             created_at__gte=since,
             created_at__lt=until,
         )
-        .annotate(pool_name=pool, was_regenerated=Exists(later_sibling))
+        .annotate(question_id=_question_of_answer())
+        .annotate(pool_name=pool, was_regenerated=Exists(later_answer))
         .values("model", "pool_name")
         .annotate(
             answers=Count("pk"),

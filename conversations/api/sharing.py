@@ -10,12 +10,14 @@ import uuid
 from collections.abc import Sequence
 
 from django.urls import reverse
+from django.utils.decorators import method_decorator
 from drf_spectacular.utils import extend_schema
 from rest_framework import status
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from accounts.abuse import abuse_limit
 from chatsite.auth import request_user
 from chatsite.schema import error_responses
 from conversations import selectors, services
@@ -53,8 +55,9 @@ class ConversationShareView(APIView):
         description="Copies the user messages and finished answers of the current branch, and "
         "the title; later changes to the conversation do not change the link's page.",
         request=None,
-        responses={201: ShareSerializer, **error_responses(400, 404)},
+        responses={201: ShareSerializer, **error_responses(400, 404, 429)},
     )
+    @method_decorator(abuse_limit("share_create"))
     def post(self, request: Request, conversation_id: uuid.UUID) -> Response:
         conversation = selectors.conversation_for_user(
             user=request.user, conversation_id=conversation_id, include_deleted=True

@@ -180,9 +180,9 @@ def generated(
 
 @pytest.fixture
 def seeded(user: Any, default_pool: ModelPool) -> None:
-    """Five answers of the default model in the period (one regenerated once) and one the
-    overload policy sent to the big pool; one more answer 40 days old; one without a
-    generation (written whole, as `/v1` history is)."""
+    """Five answers of the default model in the period (two regenerated once, one of them
+    after a tool round) and one the overload policy sent to the big pool; one more answer 40
+    days old; one without a generation (written whole, as `/v1` history is)."""
     big = ModelPool.objects.create(name=BIG, served_model=BIG)
     conversation = ConversationFactory.create(owner=user)
 
@@ -194,6 +194,24 @@ def seeded(user: Any, default_pool: ModelPool) -> None:
     again = message_regenerate(message=first).placeholder
     again = generated(conversation, again, "Re: one, again", pool=default_pool)
     second = ask("two")
+    # An answer after a tool round hangs under the tool's result; asked again, the new answer
+    # starts under the question.
+    question, placeholder = sent(message_send(conversation=conversation, content="weather?"))
+    caller = Message.objects.create(
+        conversation=conversation,
+        parent=question,
+        role=Message.Role.ASSISTANT,
+        metadata={"tool_calls": [{"id": "1", "function": {"name": "w", "arguments": "{}"}}]},
+    )
+    result = Message.objects.create(
+        conversation=conversation, parent=caller, role=Message.Role.TOOL, content="sunny"
+    )
+    Message.objects.filter(pk=placeholder.pk).update(parent=result)
+    placeholder.refresh_from_db()
+    after_tools = generated(conversation, placeholder, "Sunny.", pool=default_pool)
+    asked_again = message_regenerate(message=after_tools).placeholder
+    assert asked_again.parent_id == question.pk
+    generated(conversation, asked_again, "Sunny, still.", pool=default_pool)
     routed = ask("three", served=big)
     old = ask("four")
     Message.objects.filter(pk=old.pk).update(created_at=timezone.now() - timedelta(days=40))
@@ -214,12 +232,12 @@ def test_the_report_counts_answers_regenerations_and_thumbs_per_model_and_pool(
     model = settings.DEFAULT_MODEL
     assert rows == [
         FeedbackRow(model=BIG, pool=BIG, answers=1, regenerated=0, thumbs_up=0, thumbs_down=1),
-        FeedbackRow(model=model, pool=model, answers=3, regenerated=1, thumbs_up=2, thumbs_down=1),
+        FeedbackRow(model=model, pool=model, answers=5, regenerated=2, thumbs_up=2, thumbs_down=1),
     ]
-    assert rows[1].regenerate_rate == pytest.approx(1 / 3)
+    assert rows[1].regenerate_rate == pytest.approx(2 / 5)
     everything = feedback_report(since=now - timedelta(days=60), until=now + timedelta(days=1))
     assert everything[1] == FeedbackRow(
-        model=model, pool=model, answers=4, regenerated=1, thumbs_up=3, thumbs_down=1
+        model=model, pool=model, answers=6, regenerated=2, thumbs_up=3, thumbs_down=1
     )
     assert feedback_report(since=now + timedelta(days=1), until=now + timedelta(days=2)) == []
 
@@ -256,7 +274,7 @@ def test_staff_with_the_view_permission_see_the_report_with_its_figures(seeded: 
     html = compact(response.content.decode())
     model = settings.DEFAULT_MODEL
     assert (
-        f"<td>{model}</td><td>{model}</td><td>3</td><td>1</td><td>33&nbsp;%</td>"
+        f"<td>{model}</td><td>{model}</td><td>5</td><td>2</td><td>40&nbsp;%</td>"
         "<td>2</td><td>1</td>"
     ) in html
     assert (
@@ -269,6 +287,6 @@ def test_staff_with_the_view_permission_see_the_report_with_its_figures(seeded: 
     today = timezone.now().date()
     since = (today - timedelta(days=60)).isoformat()
     wider = compact(client.get(REPORT, {"since": since}).content.decode())
-    assert f"<td>{model}</td><td>{model}</td><td>4</td><td>1</td><td>25&nbsp;%</td>" in wider
+    assert f"<td>{model}</td><td>{model}</td><td>6</td><td>2</td><td>33&nbsp;%</td>" in wider
     backwards = client.get(REPORT, {"since": today.isoformat(), "until": since})
     assert "The period ends before it starts." in backwards.content.decode()

@@ -315,3 +315,17 @@ def test_staff_see_shares_read_only_in_the_admin(conversation: Conversation) -> 
     assert page.status_code == 200 and "The Alfama." in page.content.decode()
     assert share_token(share_id=share.pk) not in page.content.decode()
     assert staff.post(f"/admin/conversations/share/{share.pk}/delete/").status_code == 403
+
+
+def test_shares_from_one_address_are_rate_limited(
+    api_client: APIClient, conversation: Conversation, settings: Any
+) -> None:
+    settings.BILLING_ABUSE_RATES = {**settings.BILLING_ABUSE_RATES, "share_create": "2/h"}
+    url = f"/api/v1/conversations/{conversation.pk}/shares"
+
+    statuses = [api_client.post(url).status_code for _ in range(2)]
+    refused = api_client.post(url)
+
+    assert statuses == [201, 201]
+    assert_error(refused, 429, "rate_limited")
+    assert Share.objects.count() == 2
