@@ -128,6 +128,17 @@ def test_the_type_is_judged_by_content_not_by_the_name(
     assert upload(api_client, conversation, "plain.txt", pdf).json()["kind"] == "pdf"
 
 
+def test_text_that_quotes_a_pdf_header_is_text_and_junk_before_a_pdf_is_allowed(
+    api_client: APIClient, conversation: Conversation
+) -> None:
+    quoting = b"# PDF notes\n\nA PDF file starts with %PDF-1.7 and ends with %%EOF.\n"
+    assert upload(api_client, conversation, "notes.md", quoting).json()["kind"] == "markdown"
+    prefixed = b"\xff\xfe junk\n" + pdf_with_text("After the junk")
+    body = upload(api_client, conversation, "odd.pdf", prefixed).json()
+    assert body["kind"] == "pdf"
+    assert Attachment.objects.get(pk=body["id"]).text == "After the junk"
+
+
 @pytest.mark.parametrize(
     "data",
     [b"caf\xe9 latin-1", b"text with a \x00 NUL"],
@@ -179,6 +190,23 @@ def test_an_upload_far_over_the_limit_is_refused_before_it_is_read(
     response = upload(api_client, conversation, "huge.txt", b"a" * (3 * 1024 * 1024))
     assert response.status_code == 413
     assert response.json()["error"]["code"] in {"attachment_too_large", "request_too_large"}
+
+
+def test_an_upload_may_be_larger_than_other_api_bodies(
+    api_client: APIClient, conversation: Conversation, settings: Any
+) -> None:
+    data = b"word " * (settings.API_MAX_BODY_BYTES // 5 + 100_000)
+    assert len(data) > settings.API_MAX_BODY_BYTES
+
+    response = upload(api_client, conversation, "long.txt", data)
+
+    assert response.status_code == 201, response.content
+    assert response.json()["size"] == len(data)
+    # Any other request that large is still refused before it is read.
+    too_large = api_client.post(
+        f"{API}/{conversation.pk}/messages", data, content_type="application/json"
+    )
+    assert_error(too_large, 413, "request_too_large")
 
 
 @override_settings(ATTACHMENTS_MAX_BYTES_PER_CONVERSATION=2500)
