@@ -16,7 +16,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Case, PositiveSmallIntegerField, Sum, Value, When
 
 from chatsite.errors import ServiceError
 
@@ -131,9 +131,9 @@ def attachments_claim(
             detail={"max_attachments": limit, "attachments": len(ids)},
         )
     attachments = list(
-        Attachment.objects.filter(conversation=conversation, message__isnull=True, pk__in=ids)
-        .defer("data", "text", "embeddings")
-        .order_by("created_at", "id")
+        Attachment.objects.filter(
+            conversation=conversation, message__isnull=True, pk__in=ids
+        ).defer("data", "text", "embeddings")
     )
     if len(attachments) != len(ids):
         raise ServiceError(
@@ -141,10 +141,19 @@ def attachments_claim(
             "An attachment is not a file uploaded to this conversation and not yet sent.",
             status=404,
         )
-    Attachment.objects.filter(pk__in=ids).update(message=message)
+    # In the order the send names them, whichever finished uploading first.
+    place = {pk: index for index, pk in enumerate(ids)}
+    Attachment.objects.filter(pk__in=ids).update(
+        message=message,
+        position=Case(
+            *(When(pk=pk, then=Value(index)) for pk, index in place.items()),
+            output_field=PositiveSmallIntegerField(),
+        ),
+    )
     for attachment in attachments:
         attachment.message = message
-    return attachments
+        attachment.position = place[attachment.pk]
+    return sorted(attachments, key=lambda attachment: attachment.position)
 
 
 def attachments_copy(*, source: Message, target: Message) -> list[Attachment]:
@@ -162,8 +171,9 @@ def attachments_copy(*, source: Message, target: Message) -> list[Attachment]:
             text=attachment.text,
             chunks=attachment.chunks,
             embeddings=attachment.embeddings,
+            position=attachment.position,
         )
-        for attachment in Attachment.objects.filter(message=source).order_by("created_at", "id")
+        for attachment in Attachment.objects.filter(message=source)
     ]
     return Attachment.objects.bulk_create(copies)
 

@@ -345,6 +345,24 @@ def test_a_sent_message_carries_its_files(
     assert_error(send(api_client, conversation, "Again", [first["id"]]), 404, "unknown_attachment")
 
 
+def test_the_files_keep_the_order_the_send_names_them_in(
+    api_client: APIClient, conversation: Conversation, django_capture_on_commit_callbacks: Any
+) -> None:
+    first = upload(api_client, conversation, "first.txt", b"Uploaded first.").json()
+    second = upload(api_client, conversation, "second.txt", b"Uploaded second.").json()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = send(api_client, conversation, "Both", [second["id"], first["id"]])
+
+    names = ["second.txt", "first.txt"]
+    assert [a["name"] for a in response.json()["user_message"]["attachments"]] == names
+    detail = api_client.get(f"{API}/{conversation.pk}").json()
+    user_turn = next(m for m in detail["messages"] if m["role"] == "user")
+    assert [a["name"] for a in user_turn["attachments"]] == names
+    files = job_messages(response.json()["generation"]["id"])[1]["content"]
+    assert files.index("Uploaded second.") < files.index("Uploaded first.")
+
+
 @override_settings(ATTACHMENTS_MAX_PER_MESSAGE=2)
 def test_too_many_files_on_one_message_is_a_413(
     api_client: APIClient, conversation: Conversation
