@@ -11,6 +11,7 @@ and it is deleted with its conversation (conversations/removal.py).
 from __future__ import annotations
 
 import unicodedata
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
@@ -119,7 +120,15 @@ def attachments_claim(
     user `message`; the caller holds the conversation's lock. An id that is not such a file
     (another user's, another conversation's, one already sent) is 404, as a missing one;
     more than ATTACHMENTS_MAX_PER_MESSAGE is 413."""
-    ids = list(dict.fromkeys(attachment_ids))
+    unknown = ServiceError(
+        ErrorCode.UNKNOWN_ATTACHMENT,
+        "An attachment is not a file uploaded to this conversation and not yet sent.",
+        status=404,
+    )
+    try:
+        ids = list(dict.fromkeys(uuid.UUID(str(pk)) for pk in attachment_ids))
+    except ValueError as exc:
+        raise unknown from exc
     if not ids:
         return []
     limit = settings.ATTACHMENTS_MAX_PER_MESSAGE
@@ -136,11 +145,7 @@ def attachments_claim(
         ).defer("data", "text", "embeddings")
     )
     if len(attachments) != len(ids):
-        raise ServiceError(
-            ErrorCode.UNKNOWN_ATTACHMENT,
-            "An attachment is not a file uploaded to this conversation and not yet sent.",
-            status=404,
-        )
+        raise unknown
     # In the order the send names them, whichever finished uploading first.
     place = {pk: index for index, pk in enumerate(ids)}
     Attachment.objects.filter(pk__in=ids).update(
