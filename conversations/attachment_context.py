@@ -69,7 +69,7 @@ def attachment_context(*, branch: Sequence[Message]) -> AttachmentContext | None
 
 def attachments_on_branch(*, branch: Sequence[Message]) -> list[Attachment]:
     """The files attached to the user messages of `branch`, in the branch's order, then in
-    the order they were uploaded; one query (none for a branch without files), without their
+    the order the user chose them; one query (none for a branch without files), without their
     bytes."""
     order = {
         m.pk: index
@@ -78,15 +78,15 @@ def attachments_on_branch(*, branch: Sequence[Message]) -> list[Attachment]:
     }
     if not order:
         return []
-    position = Case(
+    turn = Case(
         *(When(message_id=pk, then=Value(index)) for pk, index in order.items()),
         output_field=IntegerField(),
     )
     return list(
         Attachment.objects.filter(message_id__in=list(order))
         .defer("data")
-        .alias(position=position)
-        .order_by("position", "created_at", "id")
+        .alias(turn=turn)
+        .order_by("turn", "position", "created_at", "id")
     )
 
 

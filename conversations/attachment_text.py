@@ -21,7 +21,8 @@ from .errors import ErrorCode
 from .models import Attachment
 
 PDF_MAGIC = b"%PDF-"
-# The PDF specification lets the header sit anywhere in the first 1024 bytes.
+# Readers take a header anywhere in the first 1024 bytes (some writers put junk before it);
+# there it marks a PDF only if the file is not text, which may well quote a PDF's header.
 PDF_HEADER_WINDOW = 1024
 MARKDOWN_SUFFIXES = (".md", ".markdown")
 
@@ -39,7 +40,9 @@ class Extracted:
 
 def extract_text(*, name: str, data: bytes) -> Extracted:
     """The kind and text of the uploaded file `data` called `name`, or a refusal."""
-    if PDF_MAGIC in data[:PDF_HEADER_WINDOW]:
+    if data.startswith(PDF_MAGIC) or (
+        PDF_MAGIC in data[:PDF_HEADER_WINDOW] and _decoded(data) is None
+    ):
         text = _pdf_text(data)
         kind = Attachment.Kind.PDF
     else:
@@ -55,19 +58,26 @@ def extract_text(*, name: str, data: bytes) -> Extracted:
     return Extracted(kind=kind, text=text)
 
 
-def _plain_text(data: bytes) -> str:
-    unsupported = ServiceError(
-        ErrorCode.UNSUPPORTED_ATTACHMENT,
-        "Only text, Markdown and PDF files can be attached: this file is neither UTF-8 text "
-        "nor a PDF.",
-        status=415,
-    )
+def _decoded(data: bytes) -> str | None:
+    """`data` as text if it is UTF-8 (a byte-order mark dropped) with no NUL; else None."""
     if b"\x00" in data:
-        raise unsupported
+        return None
     try:
         return data.decode("utf-8-sig")
-    except UnicodeDecodeError as exc:
-        raise unsupported from exc
+    except UnicodeDecodeError:
+        return None
+
+
+def _plain_text(data: bytes) -> str:
+    text = _decoded(data)
+    if text is None:
+        raise ServiceError(
+            ErrorCode.UNSUPPORTED_ATTACHMENT,
+            "Only text, Markdown and PDF files can be attached: this file is neither UTF-8 "
+            "text nor a PDF.",
+            status=415,
+        )
+    return text
 
 
 def _pdf_text(data: bytes) -> str:

@@ -11,12 +11,13 @@ and it is deleted with its conversation (conversations/removal.py).
 from __future__ import annotations
 
 import unicodedata
+import uuid
 from collections.abc import Sequence
 from typing import Any
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Sum
+from django.db.models import Case, PositiveSmallIntegerField, Sum, Value, When
 
 from chatsite.errors import ServiceError
 
@@ -119,7 +120,15 @@ def attachments_claim(
     user `message`; the caller holds the conversation's lock. An id that is not such a file
     (another user's, another conversation's, one already sent) is 404, as a missing one;
     more than ATTACHMENTS_MAX_PER_MESSAGE is 413."""
-    ids = list(dict.fromkeys(attachment_ids))
+    unknown = ServiceError(
+        ErrorCode.UNKNOWN_ATTACHMENT,
+        "An attachment is not a file uploaded to this conversation and not yet sent.",
+        status=404,
+    )
+    try:
+        ids = list(dict.fromkeys(uuid.UUID(str(pk)) for pk in attachment_ids))
+    except ValueError as exc:
+        raise unknown from exc
     if not ids:
         return []
     limit = settings.ATTACHMENTS_MAX_PER_MESSAGE
@@ -131,20 +140,25 @@ def attachments_claim(
             detail={"max_attachments": limit, "attachments": len(ids)},
         )
     attachments = list(
-        Attachment.objects.filter(conversation=conversation, message__isnull=True, pk__in=ids)
-        .defer("data", "text", "embeddings")
-        .order_by("created_at", "id")
+        Attachment.objects.filter(
+            conversation=conversation, message__isnull=True, pk__in=ids
+        ).defer("data", "text", "embeddings")
     )
     if len(attachments) != len(ids):
-        raise ServiceError(
-            ErrorCode.UNKNOWN_ATTACHMENT,
-            "An attachment is not a file uploaded to this conversation and not yet sent.",
-            status=404,
-        )
-    Attachment.objects.filter(pk__in=ids).update(message=message)
+        raise unknown
+    # In the order the send names them, whichever finished uploading first.
+    place = {pk: index for index, pk in enumerate(ids)}
+    Attachment.objects.filter(pk__in=ids).update(
+        message=message,
+        position=Case(
+            *(When(pk=pk, then=Value(index)) for pk, index in place.items()),
+            output_field=PositiveSmallIntegerField(),
+        ),
+    )
     for attachment in attachments:
         attachment.message = message
-    return attachments
+        attachment.position = place[attachment.pk]
+    return sorted(attachments, key=lambda attachment: attachment.position)
 
 
 def attachments_copy(*, source: Message, target: Message) -> list[Attachment]:
@@ -162,8 +176,9 @@ def attachments_copy(*, source: Message, target: Message) -> list[Attachment]:
             text=attachment.text,
             chunks=attachment.chunks,
             embeddings=attachment.embeddings,
+            position=attachment.position,
         )
-        for attachment in Attachment.objects.filter(message=source).order_by("created_at", "id")
+        for attachment in Attachment.objects.filter(message=source)
     ]
     return Attachment.objects.bulk_create(copies)
 

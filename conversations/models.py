@@ -359,10 +359,13 @@ class Attachment(models.Model):
     embeddings = models.BinaryField(
         null=True, blank=True, help_text="One float32 unit vector per chunk, once computed."
     )
+    position = models.PositiveSmallIntegerField(
+        default=0, help_text="Its place among the files of its message, as the user chose them."
+    )
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
-        ordering = ["created_at", "id"]
+        ordering = ["position", "created_at", "id"]
 
     def __str__(self) -> str:
         return self.name

@@ -95,14 +95,14 @@ def attachment_for_user(
 
 
 def attachments_by_message(*, messages: Sequence[Message]) -> dict[Any, list[Attachment]]:
-    """The files on each of `messages` that carry any, in the order they were uploaded; one
+    """The files on each of `messages` that carry any, in the order the user chose them; one
     query, none if no message carries a file, and without their bytes or text."""
     found: dict[Any, list[Attachment]] = {}
     carrying = [m.pk for m in messages if m.metadata.get(Attachment.METADATA_KEY)]
     if not carrying:
         return found
     rows = Attachment.objects.filter(message_id__in=carrying).only(
-        "id", "message_id", "conversation_id", "name", "kind", "size", "created_at"
+        "id", "message_id", "conversation_id", "name", "kind", "size", "position", "created_at"
     )
     for attachment in rows:
         found.setdefault(attachment.message_id, []).append(attachment)

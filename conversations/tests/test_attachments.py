@@ -128,6 +128,17 @@ def test_the_type_is_judged_by_content_not_by_the_name(
     assert upload(api_client, conversation, "plain.txt", pdf).json()["kind"] == "pdf"
 
 
+def test_text_that_quotes_a_pdf_header_is_text_and_junk_before_a_pdf_is_allowed(
+    api_client: APIClient, conversation: Conversation
+) -> None:
+    quoting = b"# PDF notes\n\nA PDF file starts with %PDF-1.7 and ends with %%EOF.\n"
+    assert upload(api_client, conversation, "notes.md", quoting).json()["kind"] == "markdown"
+    prefixed = b"\xff\xfe junk\n" + pdf_with_text("After the junk")
+    body = upload(api_client, conversation, "odd.pdf", prefixed).json()
+    assert body["kind"] == "pdf"
+    assert Attachment.objects.get(pk=body["id"]).text == "After the junk"
+
+
 @pytest.mark.parametrize(
     "data",
     [b"caf\xe9 latin-1", b"text with a \x00 NUL"],
@@ -179,6 +190,23 @@ def test_an_upload_far_over_the_limit_is_refused_before_it_is_read(
     response = upload(api_client, conversation, "huge.txt", b"a" * (3 * 1024 * 1024))
     assert response.status_code == 413
     assert response.json()["error"]["code"] in {"attachment_too_large", "request_too_large"}
+
+
+def test_an_upload_may_be_larger_than_other_api_bodies(
+    api_client: APIClient, conversation: Conversation, settings: Any
+) -> None:
+    data = b"word " * (settings.API_MAX_BODY_BYTES // 5 + 100_000)
+    assert len(data) > settings.API_MAX_BODY_BYTES
+
+    response = upload(api_client, conversation, "long.txt", data)
+
+    assert response.status_code == 201, response.content
+    assert response.json()["size"] == len(data)
+    # Any other request that large is still refused before it is read.
+    too_large = api_client.post(
+        f"{API}/{conversation.pk}/messages", data, content_type="application/json"
+    )
+    assert_error(too_large, 413, "request_too_large")
 
 
 @override_settings(ATTACHMENTS_MAX_BYTES_PER_CONVERSATION=2500)
@@ -315,6 +343,24 @@ def test_a_sent_message_carries_its_files(
     assert_error(api_client.delete(url), 409, "attachment_already_sent")
     answer_all(conversation)
     assert_error(send(api_client, conversation, "Again", [first["id"]]), 404, "unknown_attachment")
+
+
+def test_the_files_keep_the_order_the_send_names_them_in(
+    api_client: APIClient, conversation: Conversation, django_capture_on_commit_callbacks: Any
+) -> None:
+    first = upload(api_client, conversation, "first.txt", b"Uploaded first.").json()
+    second = upload(api_client, conversation, "second.txt", b"Uploaded second.").json()
+
+    with django_capture_on_commit_callbacks(execute=True):
+        response = send(api_client, conversation, "Both", [second["id"], first["id"]])
+
+    names = ["second.txt", "first.txt"]
+    assert [a["name"] for a in response.json()["user_message"]["attachments"]] == names
+    detail = api_client.get(f"{API}/{conversation.pk}").json()
+    user_turn = next(m for m in detail["messages"] if m["role"] == "user")
+    assert [a["name"] for a in user_turn["attachments"]] == names
+    files = job_messages(response.json()["generation"]["id"])[1]["content"]
+    assert files.index("Uploaded second.") < files.index("Uploaded first.")
 
 
 @override_settings(ATTACHMENTS_MAX_PER_MESSAGE=2)

@@ -69,12 +69,17 @@ def test_files_attached_in_the_composer_go_with_the_message_and_a_refused_one_sa
     expect(sent.locator(".attachment-name")).to_have_text(["notes.md", "report.pdf"])
     expect(tray).to_be_hidden()
     link = sent.get_by_role("link", name="report.pdf")
-    assert (link.get_attribute("href") or "").endswith("/content")
+    href = link.get_attribute("href") or ""
+    assert href.endswith("/content")
+    # The chip's link downloads the file as it was uploaded, with the page's own session.
+    download = page.request.get(href)
+    assert download.status == 200
+    assert download.body() == report.read_bytes()
     # The message's text is text, never markup, and the file's name is text too.
     expect(page.locator(".message.user .message-body")).to_have_text("What do these say?")
 
     message = Message.objects.get(conversation=conversation, role="user")
-    stored = Attachment.objects.filter(conversation=conversation).order_by("created_at")
+    stored = Attachment.objects.filter(conversation=conversation).order_by("position")
     assert [(a.name, a.message_id) for a in stored] == [
         ("notes.md", message.pk),
         ("report.pdf", message.pk),
