@@ -1,7 +1,8 @@
 """Removing a conversation: the one way, whoever asks (the API, admin, retention, `/v1`).
 
 `conversation_remove` deletes every message and with them, by cascade, their generations,
-summaries and whatever indexes them (search). Answers still queued or streaming are stopped
+summaries and whatever indexes them (search), and the memory facts and suggestions derived
+from the conversation (conversations/memory.py). Answers still queued or streaming are stopped
 and their reservations given back (an abandoned answer is not charged). After commit the
 conversation's Redis keys go (the generations' event streams and jobs, the worker affinity,
 a pending summary claim) and the owner's open pages hear of it. Usage stays only in
@@ -30,7 +31,7 @@ from inference.models import Generation
 from inference.services import generations_abandon
 
 from .events import user_event_publish
-from .models import Conversation, Message
+from .models import Conversation, MemoryFact, Message
 from .summaries import summary_pending_key
 
 # How long the closing `done` of an answer cut short by a deletion stays for its watchers.
@@ -91,6 +92,7 @@ def _wipe(conversation: Conversation) -> None:
             ]
         )
         Message.objects.filter(conversation=conversation).delete()
+        MemoryFact.objects.filter(conversation=conversation).delete()
 
 
 def _drop_row(conversation: Conversation) -> bool:

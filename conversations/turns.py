@@ -55,6 +55,7 @@ from moderation.services import flag_record, moderation_check_input, moderation_
 from . import auto_model, services
 from .auto_model import is_auto
 from .context import assemble_context, count_tokens
+from .memory import personal_preamble
 from .models import Conversation, Message
 from .removal import conversation_remove
 from .selectors import active_branch
@@ -409,6 +410,10 @@ def generation_start(
             tokenizer=tokenizer,
             budget_tokens=budget_tokens,
             summary=None if new_conversation else summary_for_branch(branch=branch),
+            # The owner's instructions and memory: web chat only, not `/v1` (memory.py).
+            preamble=personal_preamble(user_id=conversation.owner_id)
+            if conversation.source == Conversation.Source.WEB
+            else (),
         )
     # Turns dropped that no summary covers: the branch's summary is due.
     summary_request_if_needed(

@@ -7,4 +7,5 @@ app_name = "conversations"
 urlpatterns = [
     path("", views.home, name="home"),
     path("c/<uuid:conversation_id>", views.conversation, name="conversation"),
+    path("settings/", views.settings_page, name="settings"),
 ]

@@ -66,3 +66,14 @@ def conversation(request: HttpRequest, conversation_id: uuid.UUID) -> HttpRespon
     except NotFound as exc:
         raise Http404(exc.message) from exc
     return _chat_page(request, found)
+
+
+@login_required
+@ensure_csrf_cookie
+def settings_page(request: HttpRequest) -> HttpResponse:
+    """Custom instructions and memory; the page reads and writes them through the JSON API."""
+    context = {
+        "instructions_max_chars": settings.INSTRUCTIONS_MAX_CHARS,
+        "fact_max_chars": settings.MEMORY_FACT_MAX_CHARS,
+    }
+    return render(request, "conversations/settings.html", context)

@@ -4,7 +4,7 @@ from django.urls import path
 
 from chatsite.threads import threaded_view
 
-from . import events, organize, views
+from . import events, memory, organize, views
 
 # The turn's endpoints run on the edge's pool of threads (`chatsite.threads`): sends that
 # arrive at once overlap instead of queueing on the process's one sync thread.
@@ -48,4 +48,13 @@ urlpatterns = [
     path("folders", organize.FolderListView.as_view(), name="folder-list"),
     path("folders/<uuid:folder_id>", organize.FolderDetailView.as_view(), name="folder-detail"),
     path("search", organize.SearchView.as_view(), name="message-search"),
+    path("personalization", memory.PersonalizationView.as_view(), name="personalization"),
+    path("memory", memory.MemoryListView.as_view(), name="memory-list"),
+    path("memory/<uuid:fact_id>", memory.MemoryFactView.as_view(), name="memory-detail"),
+    path(
+        "memory/<uuid:fact_id>/confirm", memory.MemoryConfirmView.as_view(), name="memory-confirm"
+    ),
+    path(
+        "memory/<uuid:fact_id>/dismiss", memory.MemoryDismissView.as_view(), name="memory-dismiss"
+    ),
 ]
