@@ -377,6 +377,18 @@ ATTACHMENTS_MAX_BYTES_PER_CONVERSATION = env_int(
 ATTACHMENTS_CONTEXT_SHARE = env_float("ATTACHMENTS_CONTEXT_SHARE", 0.5)
 ATTACHMENT_CHUNK_CHARS = env_int("ATTACHMENT_CHUNK_CHARS", 1000)
 ATTACHMENT_SYNC_EMBED_CHUNKS = env_int("ATTACHMENT_SYNC_EMBED_CHUNKS", 32)
+# Custom instructions and memory (conversations/memory.py): the instructions' length, facts
+# kept per user, a fact's length, suggestions pending at once and asked per turn. MEMORY_MODEL
+# is the pool that suggests facts (empty: the conversation's own); MEMORY_SUGGESTIONS=0 turns
+# suggestions off for everyone.
+INSTRUCTIONS_MAX_CHARS = env_int("INSTRUCTIONS_MAX_CHARS", 1500)
+MEMORY_MAX_FACTS = env_int("MEMORY_MAX_FACTS", 50)
+MEMORY_FACT_MAX_CHARS = env_int("MEMORY_FACT_MAX_CHARS", 300)
+MEMORY_MAX_SUGGESTIONS = env_int("MEMORY_MAX_SUGGESTIONS", 20)
+MEMORY_SUGGESTIONS_PER_TURN = env_int("MEMORY_SUGGESTIONS_PER_TURN", 3)
+MEMORY_SUGGESTIONS = env_bool("MEMORY_SUGGESTIONS", True)
+MEMORY_MODEL = os.environ.get("MEMORY_MODEL", "")
+MEMORY_MAX_TOKENS = env_int("MEMORY_MAX_TOKENS", 96)
 DEFAULT_MODEL = os.environ.get("DEFAULT_MODEL", "smollm2-135m")
 # The `auto` model (conversations/auto_model.py): each answer by the small or the large pool,
 # as AUTO_MODEL_CHOOSER judges the task (by default: code, a prompt of LONG_PROMPT_TOKENS or

@@ -15,12 +15,17 @@ Once a rolling summary of the branch exists (conversations/summaries.py), the pr
 system prompt, the first user message, the summary, then the newest turns verbatim: the
 summary stands for the turns it covers, and the prefix stays the same until those newest
 turns overflow again and a new summary is written.
+
+A `preamble` (the owner's custom instructions, then their memory, conversations/memory.py)
+goes right after the system prompt as system messages, the same text every turn. It is
+counted in the budget; when it does not fit with the system prompt and the newest message,
+its last parts go first (memory before instructions), told in `dropped_preamble`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 from uuid import UUID
 
@@ -44,6 +49,14 @@ REPLY_OVERHEAD_TOKENS = 3
 _INCLUDED_ASSISTANT_STATUSES = {Message.Status.COMPLETE, Message.Status.CANCELLED}
 
 
+@dataclass(frozen=True)
+class Preamble:
+    """A system text placed after the system prompt, before the turns; `kind` names it."""
+
+    kind: str
+    content: str
+
+
 @dataclass
 class AssembledContext:
     """The messages to send, and how many tokens they take."""
@@ -54,6 +67,8 @@ class AssembledContext:
     dropped_messages: int
     summary_id: UUID | None = None
     summarised_messages: int = 0
+    # Kinds of the preamble left out for want of room, last first.
+    dropped_preamble: list[str] = field(default_factory=list)
 
 
 class AttachmentText(Protocol):
@@ -80,6 +95,7 @@ def assemble_context(
     tokenizer: Tokenizer,
     budget_tokens: int,
     summary: BranchSummary | None = None,
+    preamble: Sequence[Preamble] = (),
     attachments: AttachmentText | None = None,
 ) -> AssembledContext:
     """Fit `branch` (root first, ending with the new user message, or with the result of a
@@ -89,7 +105,9 @@ def assemble_context(
     answered, unless it is the newest one: the model sees only turns that completed.
     `summary` (one whose `through_message` is on `branch`) replaces the turns it covers,
     after the first user message, when it fits; one from another branch is ignored.
-    `attachments`: the text of the files on the branch, placed after the system prompt.
+    `preamble` follows the system prompt; what of it does not fit goes, from the end.
+    `attachments`: the text of the files on the branch, placed after the preamble, in the room
+    the preamble leaves.
     """
     if not branch or branch[-1].role not in (Message.Role.USER, Message.Role.TOOL):
         raise ValueError("a branch to answer ends with a user message or a tool result")
@@ -111,13 +129,21 @@ def assemble_context(
             detail={"tokens": fixed, "budget": budget_tokens},
         )
 
-    attached: dict[str, str] | None = None
+    placed = list(preamble)
+    costs = [count_tokens(tokenizer, part.content) + MESSAGE_OVERHEAD_TOKENS for part in placed]
+    dropped_preamble: list[str] = []
+    while placed and fixed + sum(costs) > budget_tokens:
+        dropped_preamble.append(placed.pop().kind)
+        costs.pop()
+    fixed += sum(costs)
+    system_texts = [part.content for part in placed]
+
     if attachments is not None:
         share = int((budget_tokens - fixed) * settings.ATTACHMENTS_CONTEXT_SHARE)
         text = attachments.text_within(tokenizer=tokenizer, tokens=share - MESSAGE_OVERHEAD_TOKENS)
         if text:
             fixed += count_tokens(tokenizer, text) + MESSAGE_OVERHEAD_TOKENS
-            attached = {"role": "system", "content": text}
+            system_texts.append(text)
 
     head: list[Message] = [root] if has_system else []
     note: dict[str, str] | None = None
@@ -154,14 +180,15 @@ def assemble_context(
     messages = [message_dict(m) for m in selected]
     if note is not None:
         messages.insert(len(head), note)
-    if attached is not None:
-        messages.insert(1 if has_system else 0, attached)
+    start = 1 if has_system else 0
+    messages[start:start] = [{"role": "system", "content": text} for text in system_texts]
     return AssembledContext(
         messages=messages,
         prompt_tokens=used,
         dropped_messages=len(older) - len(kept),
         summary_id=summary.pk if note is not None and summary is not None else None,
         summarised_messages=summarised,
+        dropped_preamble=dropped_preamble,
     )
 
 

@@ -3,7 +3,8 @@
 `ConversationHooks` subscribes to `inference.hooks` (`settings.INFERENCE_HOOKS`). The final
 text is written once, in the transaction that makes the generation final (never per token);
 tool rounds are written onto the answer's branch as the scheduler runs them; the first
-completed exchange asks for the conversation's title after commit.
+completed exchange asks for the conversation's title after commit, and every completed
+answer in the web chat for memory suggestions from its question.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from inference.tokens import count_tokens, pool_tokenizer
 
 from .models import Conversation, Message
 from .services import answers_set_route
-from .tasks import title_request_after_answer
+from .tasks import memory_request_after_answer, title_request_after_answer
 
 _MESSAGE_STATUS = {
     Generation.Status.COMPLETE: Message.Status.COMPLETE,
@@ -177,3 +178,7 @@ class ConversationHooks(InferenceHooks):
         status = answer_write(generation=generation, outcome=outcome)
         # The first completed exchange gets its conversation a title, after commit.
         title_request_after_answer(conversation=generation.conversation, status=status)
+        # Facts about the user in the question, for them to confirm (conversations/memory.py).
+        memory_request_after_answer(
+            conversation=generation.conversation, answer_id=generation.message_id, status=status
+        )

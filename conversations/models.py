@@ -369,3 +369,74 @@ class Attachment(models.Model):
 
     def __str__(self) -> str:
         return self.name
+
+
+class Personalization(models.Model):
+    """A user's custom instructions and memory switch (conversations/memory.py).
+
+    The instructions follow the system prompt in every web chat turn, byte for byte as
+    stored, so the prompt's prefix stays cached until the user edits them.
+    """
+
+    user = models.OneToOneField(
+        settings.AUTH_USER_MODEL,
+        on_delete=models.CASCADE,
+        primary_key=True,
+        related_name="personalization",
+    )
+    instructions = models.TextField(blank=True)
+    # Whether the small model may suggest facts from this user's turns.
+    memory_suggestions = models.BooleanField(default=True)
+    updated_at = models.DateTimeField(auto_now=True)
+
+    def __str__(self) -> str:
+        return f"Personalization of {self.user_id}"
+
+
+class MemoryFact(models.Model):
+    """A fact about its owner the model is told in every web chat turn, once confirmed.
+
+    The small model's suggestions are rows too (`suggested`), never sent until the owner
+    confirms them; a dismissed one stays (`dismissed`, never shown) so it is not suggested
+    again. `key` (the text folded) makes each fact one row per owner. A fact derived from a
+    conversation keeps it as `conversation` and goes when the conversation does.
+    """
+
+    class Status(models.TextChoices):
+        SUGGESTED = "suggested"
+        CONFIRMED = "confirmed"
+        DISMISSED = "dismissed"
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)
+    owner = models.ForeignKey(
+        settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memory_facts"
+    )
+    text = models.CharField(max_length=500)
+    key = models.CharField(max_length=500)
+    status = models.CharField(max_length=16, choices=Status.choices)
+    conversation = models.ForeignKey(
+        Conversation,
+        null=True,
+        blank=True,
+        on_delete=models.CASCADE,
+        related_name="memory_facts",
+        help_text="The conversation it was suggested from; empty for a fact the user added.",
+    )
+    created_at = models.DateTimeField(auto_now_add=True)
+    # Facts are told in this order: a new one goes last, so the ones before keep their place
+    # in the cached prefix.
+    confirmed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["confirmed_at", "created_at", "id"]
+        constraints = [
+            models.UniqueConstraint(fields=["owner", "key"], name="memory_fact_unique_per_owner"),
+        ]
+        indexes = [
+            models.Index(
+                fields=["owner", "status", "confirmed_at"], name="memory_owner_status_idx"
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return self.text[:60]

@@ -1,9 +1,10 @@
 """Removing a conversation: the one way, whoever asks (the API, admin, retention, `/v1`).
 
 `conversation_remove` deletes every message and with them, by cascade, their generations,
-summaries, attachments and whatever indexes them (search), and the files uploaded but not
-yet sent. Answers still queued or streaming are stopped and their reservations given back
-(an abandoned answer is not charged). After commit the
+summaries, attachments and whatever indexes them (search), the files uploaded but not yet
+sent, and the memory facts and suggestions derived from the conversation
+(conversations/memory.py). Answers still queued or streaming are stopped and their
+reservations given back (an abandoned answer is not charged). After commit the
 conversation's Redis keys go (the generations' event streams and jobs, the worker affinity,
 a pending summary claim) and the owner's open pages hear of it. Usage stays only in
 billing's ledger (`UsageEvent` keeps the generation id, not a foreign key) and statements.
@@ -32,7 +33,7 @@ from inference.models import Generation
 from inference.services import generations_abandon
 
 from .events import user_event_publish
-from .models import Attachment, Conversation, Message, Share
+from .models import Attachment, Conversation, MemoryFact, Message, Share
 from .summaries import summary_pending_key
 
 # How long the closing `done` of an answer cut short by a deletion stays for its watchers.
@@ -97,6 +98,7 @@ def _wipe(conversation: Conversation) -> None:
         Share.objects.filter(conversation=conversation).delete()
         # Files uploaded but never sent hang on the conversation, not on a message.
         Attachment.objects.filter(conversation=conversation).delete()
+        MemoryFact.objects.filter(conversation=conversation).delete()
 
 
 def _drop_row(conversation: Conversation) -> bool:

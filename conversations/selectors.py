@@ -27,7 +27,16 @@ from chatsite import jsonbody
 from chatsite.errors import NotFound, ServiceError
 
 from .errors import ErrorCode
-from .models import Attachment, Conversation, Feedback, Folder, Message, Share
+from .models import (
+    Attachment,
+    Conversation,
+    Feedback,
+    Folder,
+    MemoryFact,
+    Message,
+    Personalization,
+    Share,
+)
 from .share_tokens import share_id_from_token
 
 SIDEBAR_MAX_LIMIT = 100
@@ -446,3 +455,44 @@ def feedback_report(*, since: datetime, until: datetime) -> list[FeedbackRow]:
         )
         for (model, pool_name), line in sorted(counts.items())
     ]
+
+
+def personalization_of(*, user_id: Any) -> Personalization:
+    """The user's instructions and memory switch; the defaults (unsaved) if never set."""
+    found = Personalization.objects.filter(user_id=user_id).first()
+    return found if found is not None else Personalization(user_id=user_id)
+
+
+def memory_fact_for_user(*, user: Any, fact_id: uuid.UUID) -> MemoryFact:
+    """A fact or pending suggestion of `user`'s; NotFound for another user's, a dismissed
+    one, or none."""
+    if not getattr(user, "is_authenticated", False):
+        raise NotFound("Memory not found.")
+    fact = (
+        MemoryFact.objects.filter(owner_id=user.pk, pk=fact_id)
+        .exclude(status=MemoryFact.Status.DISMISSED)
+        .first()
+    )
+    if fact is None:
+        raise NotFound("Memory not found.")
+    return fact
+
+
+def memory_facts_of(*, user_id: Any) -> list[MemoryFact]:
+    """The user's confirmed facts in the order the model is told them (at most
+    MEMORY_MAX_FACTS, so never paged)."""
+    return list(
+        MemoryFact.objects.filter(owner_id=user_id, status=MemoryFact.Status.CONFIRMED).order_by(
+            "confirmed_at", "id"
+        )
+    )
+
+
+def memory_suggestions_of(*, user_id: Any) -> list[MemoryFact]:
+    """The small model's suggestions awaiting the user, oldest first (at most
+    MEMORY_MAX_SUGGESTIONS)."""
+    return list(
+        MemoryFact.objects.filter(owner_id=user_id, status=MemoryFact.Status.SUGGESTED).order_by(
+            "created_at", "id"
+        )
+    )

@@ -28,7 +28,16 @@ from chatsite.errors import ServiceError
 
 from .attachments import attachments_claim, attachments_copy
 from .errors import ErrorCode
-from .models import Attachment, Conversation, Feedback, Folder, Message, Share
+from .models import (
+    Attachment,
+    Conversation,
+    Feedback,
+    Folder,
+    MemoryFact,
+    Message,
+    Personalization,
+    Share,
+)
 from .selectors import active_branch, message_ancestry
 
 IN_PROGRESS_STATUSES = (Message.Status.QUEUED, Message.Status.STREAMING)
@@ -701,3 +710,222 @@ def feedback_remove(*, message: Message, user: Any) -> bool:
     """Take back `user`'s feedback on an answer; False if there was none."""
     deleted, _ = Feedback.objects.filter(message=message, user_id=user.pk).delete()
     return deleted > 0
+
+
+# Custom instructions and memory (conversations/memory.py tells the model them). Every write
+# of a user's memory locks the user's row first, so the cap and the one-row-per-fact rule
+# hold when two writes meet (two tabs, a suggestion task and a confirmation).
+
+# Line breaks and tabs are text in instructions; any other control character is not.
+_INSTRUCTION_WHITESPACE = frozenset("\n\t")
+_FACT_END_PUNCTUATION = ".!;, "
+
+
+def _has_control(text: str, allowed: frozenset[str] = frozenset()) -> bool:
+    return any(unicodedata.category(char) in {"Cc", "Cs"} and char not in allowed for char in text)
+
+
+def _check_instructions(text: str) -> str:
+    text = text.replace("\r\n", "\n").replace("\r", "\n").strip()
+    if len(text) > settings.INSTRUCTIONS_MAX_CHARS:
+        raise ServiceError(
+            ErrorCode.INSTRUCTIONS_TOO_LONG,
+            f"Custom instructions may hold at most {settings.INSTRUCTIONS_MAX_CHARS} characters.",
+            detail={"max_chars": settings.INSTRUCTIONS_MAX_CHARS, "chars": len(text)},
+        )
+    if _has_control(text, _INSTRUCTION_WHITESPACE):
+        raise ServiceError(
+            ErrorCode.INVALID_INSTRUCTIONS,
+            "Custom instructions may not hold control characters.",
+        )
+    return text
+
+
+def memory_fact_clean(text: str) -> str:
+    """A fact as it is kept: one line, spaces collapsed; a refusal if it is empty, too long
+    or holds control characters."""
+    text = " ".join(text.split())
+    if not text:
+        raise ServiceError(ErrorCode.EMPTY_MEMORY_FACT, "The fact is empty.")
+    if len(text) > settings.MEMORY_FACT_MAX_CHARS:
+        raise ServiceError(
+            ErrorCode.MEMORY_FACT_TOO_LONG,
+            f"A fact may hold at most {settings.MEMORY_FACT_MAX_CHARS} characters.",
+            detail={"max_chars": settings.MEMORY_FACT_MAX_CHARS, "chars": len(text)},
+        )
+    if _has_control(text):
+        raise ServiceError(ErrorCode.INVALID_MEMORY_FACT, "A fact may not hold control characters.")
+    return text
+
+
+def memory_fact_key(text: str) -> str:
+    """What makes two facts one: case, spacing and closing punctuation aside."""
+    return " ".join(text.casefold().split()).rstrip(_FACT_END_PUNCTUATION)
+
+
+def _lock_user(user_id: Any) -> None:
+    get_user_model().objects.select_for_update().filter(pk=user_id).first()
+
+
+def _check_room(user_id: Any) -> None:
+    confirmed = MemoryFact.objects.filter(owner_id=user_id, status=MemoryFact.Status.CONFIRMED)
+    if confirmed.count() >= settings.MEMORY_MAX_FACTS:
+        raise ServiceError(
+            ErrorCode.TOO_MANY_MEMORY_FACTS,
+            f"Memory holds at most {settings.MEMORY_MAX_FACTS} facts: delete one first.",
+            status=409,
+            detail={"max_facts": settings.MEMORY_MAX_FACTS},
+        )
+
+
+def _fact_exists() -> ServiceError:
+    return ServiceError(
+        ErrorCode.MEMORY_FACT_EXISTS, "That fact is already in your memory.", status=409
+    )
+
+
+def personalization_update(
+    *, user: Any, instructions: str | None = None, memory_suggestions: bool | None = None
+) -> Personalization:
+    """Set the user's custom instructions (trimmed; line breaks kept) and whether the small
+    model may suggest memory from their turns; what is not given stays."""
+    fields = ["updated_at"]
+    with transaction.atomic():
+        found, _ = Personalization.objects.select_for_update().get_or_create(user_id=user.pk)
+        if instructions is not None:
+            found.instructions = _check_instructions(instructions)
+            fields.append("instructions")
+        if memory_suggestions is not None:
+            found.memory_suggestions = memory_suggestions
+            fields.append("memory_suggestions")
+        found.save(update_fields=fields)
+    return found
+
+
+def memory_fact_add(*, owner: Any, text: str) -> MemoryFact:
+    """A fact the user adds, told to the model from the next turn, up to MEMORY_MAX_FACTS.
+    A pending or dismissed suggestion of the same fact becomes this fact (the user's words,
+    linked to no conversation)."""
+    text = memory_fact_clean(text)
+    key = memory_fact_key(text)
+    with transaction.atomic():
+        _lock_user(owner.pk)
+        found = MemoryFact.objects.filter(owner_id=owner.pk, key=key).first()
+        if found is not None and found.status == MemoryFact.Status.CONFIRMED:
+            raise _fact_exists()
+        _check_room(owner.pk)
+        now = timezone.now()
+        if found is None:
+            return MemoryFact.objects.create(
+                owner_id=owner.pk,
+                text=text,
+                key=key,
+                status=MemoryFact.Status.CONFIRMED,
+                confirmed_at=now,
+            )
+        found.text, found.status, found.conversation, found.confirmed_at = (
+            text,
+            MemoryFact.Status.CONFIRMED,
+            None,
+            now,
+        )
+        found.save(update_fields=["text", "status", "conversation", "confirmed_at"])
+        return found
+
+
+def memory_fact_edit(*, fact: MemoryFact, text: str) -> MemoryFact:
+    """New words for a fact or a pending suggestion; it keeps its place and its conversation.
+    A hidden row of the same fact (a pending or dismissed suggestion) gives way."""
+    text = memory_fact_clean(text)
+    key = memory_fact_key(text)
+    with transaction.atomic():
+        _lock_user(fact.owner_id)
+        other = MemoryFact.objects.filter(owner_id=fact.owner_id, key=key).exclude(pk=fact.pk)
+        if other.filter(status=MemoryFact.Status.CONFIRMED).exists():
+            raise _fact_exists()
+        other.delete()
+        fact.text, fact.key = text, key
+        fact.save(update_fields=["text", "key"])
+    return fact
+
+
+def memory_fact_delete(*, fact: MemoryFact) -> None:
+    """Forget a fact (or a pending suggestion): the model is not told it from the next turn."""
+    fact.delete()
+
+
+def memory_suggestion_confirm(*, fact: MemoryFact) -> MemoryFact:
+    """Keep a suggested fact: the model is told it from the next turn, after the others."""
+    with transaction.atomic():
+        _lock_user(fact.owner_id)
+        fact.refresh_from_db(fields=["status"])
+        if fact.status != MemoryFact.Status.SUGGESTED:
+            raise ServiceError(
+                ErrorCode.NOT_A_SUGGESTION, "That fact is not a pending suggestion.", status=409
+            )
+        _check_room(fact.owner_id)
+        fact.status, fact.confirmed_at = MemoryFact.Status.CONFIRMED, timezone.now()
+        fact.save(update_fields=["status", "confirmed_at"])
+    return fact
+
+
+def memory_suggestion_dismiss(*, fact: MemoryFact) -> None:
+    """Turn a suggestion down. The row stays, hidden, so the same fact is not suggested again
+    (it goes with its conversation)."""
+    with transaction.atomic():
+        _lock_user(fact.owner_id)
+        updated = MemoryFact.objects.filter(pk=fact.pk, status=MemoryFact.Status.SUGGESTED).update(
+            status=MemoryFact.Status.DISMISSED
+        )
+        if not updated:
+            raise ServiceError(
+                ErrorCode.NOT_A_SUGGESTION, "That fact is not a pending suggestion.", status=409
+            )
+
+
+def memory_suggestions_add(
+    *, owner_id: Any, conversation_id: Any, texts: Sequence[str]
+) -> list[MemoryFact]:
+    """Store the small model's suggestions from a turn of `conversation_id`, for the owner to
+    confirm or dismiss; returns the new ones. A text that is not a valid fact, one the owner
+    already has in any state (kept, pending or dismissed) and any past MEMORY_MAX_SUGGESTIONS
+    pending are left out."""
+    candidates: dict[str, str] = {}
+    for raw in texts:
+        try:
+            text = memory_fact_clean(raw)
+        except ServiceError:
+            continue
+        candidates.setdefault(memory_fact_key(text), text)
+    if not candidates:
+        return []
+    with transaction.atomic():
+        # Locked as a removal locks it: a conversation being deleted leaves no suggestion.
+        live = Conversation.objects.select_for_update().filter(
+            pk=conversation_id, deleted_at__isnull=True
+        )
+        if not live.exists():
+            return []
+        _lock_user(owner_id)
+        known = set(
+            MemoryFact.objects.filter(owner_id=owner_id, key__in=candidates).values_list(
+                "key", flat=True
+            )
+        )
+        pending = MemoryFact.objects.filter(
+            owner_id=owner_id, status=MemoryFact.Status.SUGGESTED
+        ).count()
+        room = max(settings.MEMORY_MAX_SUGGESTIONS - pending, 0)
+        fresh = [(key, text) for key, text in candidates.items() if key not in known][:room]
+        return MemoryFact.objects.bulk_create(
+            [
+                MemoryFact(
+                    owner_id=owner_id,
+                    text=text,
+                    key=key,
+                    status=MemoryFact.Status.SUGGESTED,
+                    conversation_id=conversation_id,
+                )
+                for key, text in fresh
+            ]
+        )

@@ -1,5 +1,6 @@
-"""Celery tasks of conversations: titles, rolling summaries, history retention and the
-embeddings of large attachments, and the requests that queue them after commit.
+"""Celery tasks of conversations: titles, rolling summaries, memory suggestions, history
+retention and the embeddings of large attachments, and the requests that queue them after
+commit.
 
 Every task is idempotent (a repeat finds its work done and returns), so `acks_late` is safe:
 a worker that dies mid-task leaves the message to another. Faults of a worker, the database
@@ -14,13 +15,14 @@ from typing import Any
 
 import httpx
 from celery import shared_task
+from django.conf import settings
 from django.db import InterfaceError, OperationalError, transaction
 from redis.exceptions import RedisError
 
 from chatsite.redis import sync_redis
 from inference.client import WorkerFault
 
-from . import attachment_context, retention, summaries, titles
+from . import attachment_context, memory, retention, summaries, titles
 from .context import AssembledContext
 from .models import Conversation, Message
 from .unkept import unkept_listed
@@ -55,6 +57,13 @@ def summarise_branch(conversation_id: str, leaf_message_id: str, budget_tokens: 
     )
     summaries.summary_release(conversation_id=conversation_id)
     return str(summary.pk) if summary is not None else None
+
+
+@shared_task(soft_time_limit=90, time_limit=120, **_RETRY)
+def suggest_memory(answer_id: str) -> int:
+    """Suggest facts about the user from the question `answer_id` answered (stored as
+    suggestions for the user to confirm, never used before); returns how many are new."""
+    return len(memory.memory_suggest(answer_id=answer_id))
 
 
 @shared_task(soft_time_limit=1500, time_limit=1800, **_RETRY)
@@ -101,6 +110,18 @@ def title_request_after_answer(*, conversation: Conversation, status: str) -> No
 
     # Robust: a Redis or broker outage must not fail the answer that just finished.
     transaction.on_commit(_enqueue, robust=True)
+
+
+def memory_request_after_answer(*, conversation: Conversation, answer_id: Any, status: str) -> None:
+    """Ask for memory suggestions after commit when an answer completed in a web chat
+    conversation (not `/v1`: its prompts are the client's, conversations/memory.py). The
+    owner's own switch is read by the task, off the answer's path."""
+    if not settings.MEMORY_SUGGESTIONS or status != Message.Status.COMPLETE:
+        return
+    if conversation.source != Conversation.Source.WEB or conversation.deleted_at:
+        return
+    answer = str(answer_id)
+    transaction.on_commit(lambda: suggest_memory.delay(answer), robust=True)
 
 
 def summary_request_if_needed(

@@ -56,6 +56,7 @@ from . import auto_model, services
 from .attachment_context import attachment_context
 from .auto_model import is_auto
 from .context import assemble_context, count_tokens
+from .memory import personal_preamble
 from .models import Conversation, Message
 from .removal import conversation_remove
 from .selectors import active_branch
@@ -417,6 +418,10 @@ def generation_start(
             budget_tokens=budget_tokens,
             summary=None if new_conversation else summary_for_branch(branch=branch),
             attachments=None if new_conversation else attachment_context(branch=branch),
+            # The owner's instructions and memory: web chat only, not `/v1` (memory.py).
+            preamble=personal_preamble(user_id=conversation.owner_id)
+            if conversation.source == Conversation.Source.WEB
+            else (),
         )
     # Turns dropped that no summary covers: the branch's summary is due.
     summary_request_if_needed(

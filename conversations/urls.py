@@ -9,4 +9,5 @@ urlpatterns = [
     path("c/<uuid:conversation_id>", views.conversation, name="conversation"),
     path("s/<str:token>", views.shared, name="shared"),
     path("data", views.data, name="data"),
+    path("settings/", views.settings_page, name="settings"),
 ]

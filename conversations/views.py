@@ -111,3 +111,14 @@ def data(request: HttpRequest) -> HttpResponse:
     or this service's), with the import's progress (static/js/data.js)."""
     config = {"importMaxBytes": settings.IMPORT_MAX_BYTES}
     return render(request, "conversations/data.html", {"data_config": config})
+
+
+@login_required
+@ensure_csrf_cookie
+def settings_page(request: HttpRequest) -> HttpResponse:
+    """Custom instructions and memory; the page reads and writes them through the JSON API."""
+    context = {
+        "instructions_max_chars": settings.INSTRUCTIONS_MAX_CHARS,
+        "fact_max_chars": settings.MEMORY_FACT_MAX_CHARS,
+    }
+    return render(request, "conversations/settings.html", context)

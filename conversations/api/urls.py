@@ -4,7 +4,7 @@ from django.urls import path
 
 from chatsite.threads import threaded_view
 
-from . import attachments, events, organize, portability, sharing, views
+from . import attachments, events, memory, organize, portability, sharing, views
 
 # The turn's endpoints run on the edge's pool of threads (`chatsite.threads`): sends that
 # arrive at once overlap instead of queueing on the process's one sync thread.
@@ -91,4 +91,13 @@ urlpatterns = [
     path("export", portability.AccountExportView.as_view(), name="account-export"),
     path("imports", portability.ImportListView.as_view(), name="import-list"),
     path("imports/<uuid:job_id>", portability.ImportDetailView.as_view(), name="import-detail"),
+    path("personalization", memory.PersonalizationView.as_view(), name="personalization"),
+    path("memory", memory.MemoryListView.as_view(), name="memory-list"),
+    path("memory/<uuid:fact_id>", memory.MemoryFactView.as_view(), name="memory-detail"),
+    path(
+        "memory/<uuid:fact_id>/confirm", memory.MemoryConfirmView.as_view(), name="memory-confirm"
+    ),
+    path(
+        "memory/<uuid:fact_id>/dismiss", memory.MemoryDismissView.as_view(), name="memory-dismiss"
+    ),
 ]

@@ -8,7 +8,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
 
     dependencies = [
-        ('conversations', '0006_imports'),
+        ('conversations', '0007_memory'),
     ]
 
     operations = [

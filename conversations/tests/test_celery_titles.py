@@ -31,6 +31,13 @@ from .celery_worker import live_celery_worker, wait_until  # noqa: F401 (a fixtu
 FAKE_TITLE = "tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"
 
 
+@pytest.fixture(autouse=True)
+def _no_memory_suggestions(settings: Any) -> None:
+    """These tests count the title's requests to the small model; memory suggestions, asked
+    after the same answers, are tested in test_memory.py."""
+    settings.MEMORY_SUGGESTIONS = False
+
+
 def _events(user_id: Any) -> list[tuple[str, dict[str, Any]]]:
     entries: Any = sync_redis().xrange(user_events_key(user_id))
     return [(fields["event"], json.loads(fields["data"])) for _, fields in entries]

@@ -39,8 +39,11 @@ class FakeWorker:
         pause_seconds: float = 0.0,
         block_size: int = 0,
         prefix_cache: tuple[int, int] | None = None,
+        answer: str = "",
     ) -> None:
         self.mode = mode
+        # With an answer, a well-behaved request gets that text (one chunk) instead of tokens.
+        self.answer = answer
         # (queries, hits): /metrics reports vLLM's prefix-cache counters with these totals.
         self.prefix_cache = prefix_cache
         # With a block size, /metrics reports vLLM's cache_config_info (1,000 blocks of it).
@@ -203,7 +206,11 @@ class FakeWorker:
                 if self._calls_tools(body):
                     self._stream_tool_calls()
                     return
-                count = min(worker.tokens, int(body.get("max_tokens") or worker.tokens))
+                count = (
+                    1
+                    if worker.answer
+                    else min(worker.tokens, int(body.get("max_tokens") or worker.tokens))
+                )
                 paused = bool(worker.pause_trigger) and worker.pause_trigger in json.dumps(
                     body.get("messages")
                 )
@@ -220,10 +227,10 @@ class FakeWorker:
                     if mode == "garbage" and index == 3:
                         self._chunk(b"data: {this is not json\n\n")
                         continue
-                    delta = {"content": f"tok{index} "}
+                    delta = {"content": worker.answer or f"tok{index} "}
                     self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
                     time.sleep(worker.token_delay)
-                finish = "length" if count < worker.tokens else "stop"
+                finish = "length" if count < worker.tokens and not worker.answer else "stop"
                 self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
                 self._event(
                     {

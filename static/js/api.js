@@ -171,3 +171,13 @@ export function uploadAttachment(conversationId, file) {
 }
 export const discardAttachment = (conversationId, attachmentId) =>
   request("DELETE", `conversations/${id(conversationId)}/attachments/${id(attachmentId)}`);
+// Custom instructions and memory (#18).
+export const getPersonalization = () => request("GET", "personalization");
+/** `changes`: any of {instructions, memory_suggestions}. */
+export const updatePersonalization = (changes) => request("PATCH", "personalization", changes);
+export const listMemory = () => request("GET", "memory");
+export const addMemoryFact = (text) => request("POST", "memory", { text });
+export const editMemoryFact = (factId, text) => request("PATCH", `memory/${id(factId)}`, { text });
+export const deleteMemoryFact = (factId) => request("DELETE", `memory/${id(factId)}`);
+export const confirmMemorySuggestion = (factId) => request("POST", `memory/${id(factId)}/confirm`);
+export const dismissMemorySuggestion = (factId) => request("POST", `memory/${id(factId)}/dismiss`);
