@@ -128,7 +128,7 @@ class DropPlan:
     messages and the conversation, where Django's collector first selects every message and
     then deletes by lists of ids (a conversation with a row of every kind: 21 statements by the
     collector, 14 so; removing an unkept `/v1` conversation: 23, now 15; both counted before
-    #18's shares, feedback and attachments, which add one statement each).
+    #18's shares, feedback, attachments and memory facts, which add one statement each).
 
     The conversation is locked meanwhile, and the rows refer to each other only within it
     (replies, the current leaf); Postgres checks its foreign keys at commit."""
