@@ -26,7 +26,7 @@ from __future__ import annotations
 import json
 import unicodedata
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -62,7 +62,7 @@ def _tree(conversation: Conversation) -> list[Message]:
     return list(Message.objects.filter(conversation=conversation).order_by("created_at", "id"))
 
 
-def _attachment_summary(row: dict[str, Any]) -> dict[str, Any]:
+def _attachment_summary(row: Mapping[str, Any]) -> dict[str, Any]:
     return {
         "id": str(row["pk"]),
         "filename": row["name"],
@@ -405,7 +405,7 @@ def safe_filename(name: str) -> str:
     return cleaned or "file"
 
 
-def _attachment_rows(user: Any) -> list[dict[str, Any]]:
+def _attachment_rows(user: Any) -> list[Mapping[str, Any]]:
     """Every file of the user's conversations (the trash left out), metadata only: the SHA-256
     is computed by Postgres, so no file's bytes are read here."""
     digest = Func(
@@ -433,11 +433,11 @@ def _attachment_rows(user: Any) -> list[dict[str, Any]]:
     )
 
 
-def _attachment_path(row: dict[str, Any]) -> str:
+def _attachment_path(row: Mapping[str, Any]) -> str:
     return f"attachments/{row['conversation_id']}/{row['pk']}-{safe_filename(row['name'])}"
 
 
-def _attachment_metadata(row: dict[str, Any]) -> dict[str, Any]:
+def _attachment_metadata(row: Mapping[str, Any]) -> dict[str, Any]:
     return {
         **_attachment_summary(row),
         "sha256": row["sha256"],
@@ -456,7 +456,7 @@ class _AttachmentBytes:
     at a time. A file deleted since its row was read is written empty.
     """
 
-    def __init__(self, rows: list[dict[str, Any]]) -> None:
+    def __init__(self, rows: Sequence[Mapping[str, Any]]) -> None:
         self._batch_of: dict[uuid.UUID, list[uuid.UUID]] = {}
         batch: list[uuid.UUID] = []
         total = 0
