@@ -28,6 +28,12 @@ from .models import Attachment, Conversation, Message
 from .tasks import attachment_embed_later
 
 NAME_MAX_CHARS = 255
+# The media type each kind of file is served and exported as.
+CONTENT_TYPES = {
+    Attachment.Kind.PDF: "application/pdf",
+    Attachment.Kind.MARKDOWN: "text/markdown; charset=utf-8",
+    Attachment.Kind.TEXT: "text/plain; charset=utf-8",
+}
 
 
 def _clean_name(name: str) -> str:

@@ -28,12 +28,6 @@ from .serializers import AttachmentSerializer, AttachmentUploadSerializer
 
 TAGS = ["attachments"]
 
-_DOWNLOAD_TYPES = {
-    Attachment.Kind.PDF: "application/pdf",
-    Attachment.Kind.MARKDOWN: "text/markdown; charset=utf-8",
-    Attachment.Kind.TEXT: "text/plain; charset=utf-8",
-}
-
 
 class AttachmentListView(APIView):
     parser_classes = [MultiPartParser]
@@ -119,9 +113,8 @@ class AttachmentContentView(APIView):
             conversation=conversation,
             with_data=True,
         )
-        response = HttpResponse(
-            bytes(attachment.data), content_type=_DOWNLOAD_TYPES[Attachment.Kind(attachment.kind)]
-        )
+        content_type = attachments.CONTENT_TYPES[Attachment.Kind(attachment.kind)]
+        response = HttpResponse(bytes(attachment.data), content_type=content_type)
         # Always a download, never rendered in the site's origin.
         response.headers["Content-Disposition"] = _disposition(attachment.name)
         response.headers["X-Content-Type-Options"] = "nosniff"

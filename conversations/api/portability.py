@@ -145,12 +145,15 @@ class AccountExportView(APIView):
         operation_id="account_export",
         summary="Download all your data as a zip (streamed)",
         description="Your account, API keys (name and prefix, never the key), folders, every "
-        "conversation (JSON and Markdown), statements and usage.",
+        "conversation (JSON and Markdown), share links (a revoked one without its link), the "
+        "feedback you gave, attached files (metadata and the files), statements and usage.",
         responses={(200, "application/zip"): OpenApiResponse(OpenApiTypes.BINARY)},
     )
     def get(self, request: Request) -> StreamingHttpResponse:
         user = request_user(request)
-        chunks = export.account_zip(user=user)
+        # The share links in it are absolute, on the host the export was asked of.
+        site_url = request.build_absolute_uri("/").rstrip("/")
+        chunks = export.account_zip(user=user, site_url=site_url)
         # Under ASGI (the edge) an async iterator, else Django would read it whole first.
         streamed = _async_chunks(chunks) if isinstance(request._request, ASGIRequest) else chunks
         response = StreamingHttpResponse(streamed, content_type="application/zip")

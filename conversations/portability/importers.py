@@ -34,7 +34,7 @@ from django.conf import settings
 from django.utils import timezone
 
 from ..errors import ErrorCode
-from ..models import Message
+from ..models import Attachment, Message
 from .formats import (
     FORMAT_NAME,
     FORMAT_VERSION,
@@ -578,6 +578,9 @@ def _chatsite_message(
     metadata = row.get("metadata") or {}
     if not isinstance(metadata, dict):
         raise _shape(f"The metadata of message {key!r} must be an object.", **at)
+    # Attached files are not imported: the message must not claim any (its count says whether
+    # the context looks for files).
+    metadata = {k: v for k, v in metadata.items() if k != Attachment.METADATA_KEY}
     model = _string(row, "model", where=at)
     tokens = [row.get("prompt_tokens"), row.get("output_tokens")]
     if any(

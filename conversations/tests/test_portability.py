@@ -7,14 +7,18 @@ calls); test_celery_import.py runs it on a real worker.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import json
+import uuid
 import zipfile
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from django.contrib.auth.models import User
+from django.db import connection
+from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from accounts.models import ApiKey
@@ -22,9 +26,18 @@ from accounts.services import api_key_create
 from chatsite.redis import sync_redis
 from chatsite.testing import assert_error
 from conversations import selectors
+from conversations.attachments import attachment_upload
 from conversations.events import user_events_key
-from conversations.models import Conversation, Folder, ImportChunk, ImportJob, Message
-from conversations.portability import importing, tasks
+from conversations.models import (
+    Attachment,
+    Conversation,
+    Folder,
+    ImportChunk,
+    ImportJob,
+    Message,
+)
+from conversations.portability import export, importing, tasks
+from conversations.portability.export import safe_filename
 from conversations.portability.importers import IterStream, read_json
 from conversations.portability.importing import import_job_run
 from conversations.portability.services import import_job_create
@@ -33,11 +46,15 @@ from conversations.services import (
     branch_switch,
     conversation_create,
     conversation_organize,
+    feedback_set,
     folder_create,
     message_edit,
     message_regenerate,
     message_send,
+    share_create,
+    share_revoke,
 )
+from conversations.share_tokens import share_token
 from moderation.models import Sanction
 
 from . import chatgpt_samples
@@ -212,6 +229,245 @@ def test_the_account_zip_holds_everything_and_no_key(api_client: APIClient, user
     everything = b"".join(archive.read(name) for name in names)
     for secret in (raw_key, key.key_hash, raw_key[len(key.prefix) :]):
         assert secret.encode() not in everything
+
+
+def with_file(conversation: Conversation, name: str, data: bytes) -> tuple[Message, Message]:
+    """A turn whose question carries the file `data`, its answer finished."""
+    attachment = attachment_upload(conversation=conversation, name=name, data=data)
+    question, placeholder = sent(
+        message_send(
+            conversation=conversation, content="Read this.", attachment_ids=[attachment.pk]
+        )
+    )
+    return question, finish(placeholder, f"Read {name}.")
+
+
+def everything_of(user: User, marker: str) -> dict[str, Any]:
+    """A conversation with a file on a question, a live and a revoked share, and feedback."""
+    conversation = conversation_create(owner=user, title=f"Notes {marker}")
+    question, answer = with_file(conversation, f"{marker}.txt", f"file of {marker}".encode())
+    live = share_create(conversation=conversation)
+    revoked = share_revoke(share=share_create(conversation=conversation))
+    feedback = feedback_set(
+        message=answer, user=user, rating="down", reason="incomplete", comment=f"said {marker}"
+    )
+    return {
+        "conversation": conversation,
+        "question": question,
+        "answer": answer,
+        "attachment": Attachment.objects.get(message=question),
+        "live": live,
+        "revoked": revoked,
+        "feedback": feedback,
+    }
+
+
+def test_the_account_zip_holds_shares_feedback_and_files_of_the_owner_only(
+    api_client: APIClient, user: User
+) -> None:
+    mine = everything_of(user, "mine")
+    theirs = everything_of(User.objects.create_user("other"), "theirs")
+
+    archive = zip_of(api_client)
+
+    shares = {share["id"]: share for share in json.loads(archive.read("shares.json"))}
+    assert set(shares) == {str(mine["live"].pk), str(mine["revoked"].pk)}
+    live, revoked = shares[str(mine["live"].pk)], shares[str(mine["revoked"].pk)]
+    token = share_token(share_id=mine["live"].pk)
+    assert live["link"] == f"http://testserver/s/{token}"
+    assert (live["title"], live["conversation_id"]) == ("Notes mine", str(mine["conversation"].pk))
+    assert live["revoked_at"] is None and live["created_at"]
+    assert [m["content"] for m in live["messages"]] == ["Read this.", "Read mine.txt."]
+    assert revoked["link"] is None and revoked["revoked_at"] is not None
+    assert revoked["messages"] == live["messages"]
+    revoked_token = share_token(share_id=mine["revoked"].pk)
+
+    [feedback] = json.loads(archive.read("feedback.json"))
+    assert feedback == {
+        "id": str(mine["feedback"].pk),
+        "message_id": str(mine["answer"].pk),
+        "conversation_id": str(mine["conversation"].pk),
+        "rating": "down",
+        "reason": "incomplete",
+        "comment": "said mine",
+        "created_at": mine["feedback"].created_at.isoformat(),
+        "updated_at": mine["feedback"].updated_at.isoformat(),
+    }
+
+    attachment = mine["attachment"]
+    [meta] = json.loads(archive.read("attachments.json"))
+    path = f"attachments/{mine['conversation'].pk}/{attachment.pk}-mine.txt"
+    assert meta == {
+        "id": str(attachment.pk),
+        "filename": "mine.txt",
+        "kind": "text",
+        "content_type": "text/plain; charset=utf-8",
+        "size": len(b"file of mine"),
+        "sha256": hashlib.sha256(b"file of mine").hexdigest(),
+        "conversation_id": str(mine["conversation"].pk),
+        "message_id": str(mine["question"].pk),
+        "created_at": attachment.created_at.isoformat(),
+        "path": path,
+    }
+    assert archive.read(path) == b"file of mine"
+    document = json.loads(archive.read(f"conversations/{mine['conversation'].pk}.json"))
+    carried = {m["id"]: m["attachments"] for m in document["messages"]}
+    assert [a["id"] for a in carried[str(mine["question"].pk)]] == [str(attachment.pk)]
+    assert carried[str(mine["answer"].pk)] == []
+
+    names = archive.namelist()
+    everything = b"".join(archive.read(name) for name in names) + "".join(names).encode()
+    assert revoked_token.encode() not in everything
+    for value in (
+        theirs["conversation"].pk,
+        theirs["attachment"].pk,
+        theirs["live"].pk,
+        theirs["revoked"].pk,
+        theirs["feedback"].pk,
+        theirs["answer"].pk,
+        share_token(share_id=theirs["live"].pk),
+        "theirs",
+    ):
+        assert str(value).encode() not in everything
+
+
+def test_the_files_of_a_conversation_in_the_trash_are_not_exported(
+    api_client: APIClient, user: User
+) -> None:
+    gone = everything_of(user, "gone")
+    gone["conversation"].deleted_at = gone["conversation"].created_at
+    gone["conversation"].save(update_fields=["deleted_at"])
+
+    archive = zip_of(api_client)
+
+    for name in ("shares.json", "feedback.json", "attachments.json"):
+        assert json.loads(archive.read(name)) == []
+    assert not any(name.startswith("attachments/") for name in archive.namelist())
+
+
+@pytest.mark.parametrize(
+    "hostile",
+    ["../../etc/passwd", "a/b\\c", "..", "bell\x07new\nline\x00.txt", "C:\\x\u202e.txt", ""],
+)
+def test_a_hostile_filename_is_one_harmless_path_component(hostile: str) -> None:
+    name = safe_filename(hostile)
+    assert name and "/" not in name and "\\" not in name and ":" not in name
+    assert ".." not in name and not name.startswith(".")
+    assert all(c.isprintable() for c in name)
+
+
+def test_hostile_filenames_land_as_safe_names_inside_the_zip(
+    api_client: APIClient, user: User
+) -> None:
+    conversation = conversation_create(owner=user, title="Hostile")
+    hostile = ["../../etc/passwd", "a/b\\c", "bell\x07new\nline\x1b.txt"]
+    files = {}
+    for index, name in enumerate(hostile):
+        attachment = attachment_upload(
+            conversation=conversation, name=f"f{index}.txt", data=f"body {index}".encode()
+        )
+        # Uploads clean their names; a row written another way (an older upload, the shell)
+        # may hold anything.
+        Attachment.objects.filter(pk=attachment.pk).update(name=name)
+        files[attachment.pk] = f"body {index}".encode()
+
+    archive = zip_of(api_client)
+
+    stored = [name for name in archive.namelist() if name.startswith("attachments/")]
+    assert len(stored) == len(hostile)
+    for name in stored:
+        top, folder, leaf = name.split("/")
+        assert (top, folder) == ("attachments", str(conversation.pk))
+        assert ".." not in name and "\\" not in name
+        assert all(c.isprintable() for c in name)
+        assert archive.read(name) == files[uuid.UUID(leaf[:36])]
+    metadata = json.loads(archive.read("attachments.json"))
+    assert sorted(m["filename"] for m in metadata) == sorted(hostile)
+    assert {m["path"] for m in metadata} == set(stored)
+
+
+def account_zip_queries(client: APIClient, user: User, conversations: int) -> int:
+    """The queries of the whole account export of `user` once they have `conversations`
+    conversations, each of three turns, two of whose questions carry a file, one share and
+    one feedback."""
+    while Conversation.objects.filter(owner=user).count() < conversations:
+        conversation = conversation_create(owner=user, title="Busy")
+        with_file(conversation, "one.txt", b"one")
+        _, answer = with_file(conversation, "two.md", b"# two")
+        exchange(conversation, "And then?")
+        share_create(conversation=conversation)
+        feedback_set(message=answer, user=user, rating="up")
+    zip_of(client)  # once first, so that what is cached (the key, the plan) is
+    with CaptureQueriesContext(connection) as queries:
+        zip_of(client)
+    return len(queries)
+
+
+def test_the_account_zip_costs_a_few_queries_per_conversation_and_none_per_message(
+    api_client: APIClient, user: User
+) -> None:
+    few = account_zip_queries(api_client, user, 2)
+    many = account_zip_queries(api_client, user, 6)
+
+    # Each conversation: its JSON (the conversation, its messages, its files' metadata) and its
+    # Markdown (the conversation, its branch). Files, shares and feedback are read in batches.
+    assert many - few <= 4 * 5
+
+
+def test_files_read_in_small_batches_all_land_whole(
+    api_client: APIClient, user: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(export, "ATTACHMENT_BATCH_BYTES", 10)
+    bodies = {}
+    for index in range(2):
+        conversation = conversation_create(owner=user, title=f"Batch {index}")
+        for name in ("a.txt", "b.txt"):
+            data = f"{name} of {index}, longer than a batch".encode()
+            attachment = attachment_upload(conversation=conversation, name=name, data=data)
+            bodies[f"attachments/{conversation.pk}/{attachment.pk}-{name}"] = data
+
+    archive = zip_of(api_client)
+
+    assert {name: archive.read(name) for name in bodies} == bodies
+    metadata = json.loads(archive.read("attachments.json"))
+    assert {m["path"]: m["message_id"] for m in metadata} == dict.fromkeys(bodies)
+
+
+def test_a_conversations_json_lists_each_messages_files(api_client: APIClient, user: User) -> None:
+    conversation = conversation_create(owner=user, title="Files")
+    question, answer = with_file(conversation, "notes.md", b"# Notes")
+
+    document = api_client.get(f"/api/v1/conversations/{conversation.pk}/export.json").json()
+
+    attachment = Attachment.objects.get(message=question)
+    carried = {m["id"]: m["attachments"] for m in document["messages"]}
+    assert carried[str(question.pk)] == [
+        {
+            "id": str(attachment.pk),
+            "filename": "notes.md",
+            "kind": "markdown",
+            "content_type": "text/markdown; charset=utf-8",
+            "size": 7,
+        }
+    ]
+    assert carried[str(answer.pk)] == []
+
+
+def test_an_import_brings_the_messages_back_without_their_files(
+    api_client: APIClient, user: User
+) -> None:
+    conversation = conversation_create(owner=user, title="Files")
+    with_file(conversation, "notes.md", b"# Notes")
+    exported = api_client.get(f"/api/v1/conversations/{conversation.pk}/export.json").content
+
+    job = import_now(user, exported, "files.json")
+
+    assert job.status == "done"
+    copy = Conversation.objects.exclude(pk=conversation.pk).get(owner=user)
+    question = Message.objects.get(conversation=copy, role="user")
+    assert question.content == "Read this."
+    assert Attachment.METADATA_KEY not in question.metadata
+    assert not Attachment.objects.filter(conversation=copy).exists()
 
 
 def test_the_account_zip_needs_a_full_key(user: User) -> None:
