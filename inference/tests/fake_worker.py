@@ -206,8 +206,10 @@ class FakeWorker:
                 if self._calls_tools(body):
                     self._stream_tool_calls()
                     return
-                count = 1 if worker.answer else min(
-                    worker.tokens, int(body.get("max_tokens") or worker.tokens)
+                count = (
+                    1
+                    if worker.answer
+                    else min(worker.tokens, int(body.get("max_tokens") or worker.tokens))
                 )
                 paused = bool(worker.pause_trigger) and worker.pause_trigger in json.dumps(
                     body.get("messages")
