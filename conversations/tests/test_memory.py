@@ -257,6 +257,21 @@ def test_two_successive_turns_share_the_instructions_and_memory_prefix_byte_for_
     assert second_prompt[: len(first_prompt)] == first_prompt
 
 
+@pytest.mark.django_db(transaction=True)
+@override_settings(MEMORY_SUGGESTIONS=False)
+def test_a_v1_conversation_gets_neither_instructions_nor_memory(user: User) -> None:
+    subscribe(user, tier="plus")
+    _personalised(user)
+    conversation = conversation_create(
+        owner=user, system_prompt="Be kind.", source=Conversation.Source.API
+    )
+    turn = turn_send(user=user, conversation=conversation, content="Hi")
+    assert _job_messages(turn) == [
+        {"role": "system", "content": "Be kind."},
+        {"role": "user", "content": "Hi"},
+    ]
+
+
 # The suggestion task (a real Celery worker; the small model is a stand-in with known facts).
 
 
