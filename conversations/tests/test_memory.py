@@ -28,6 +28,7 @@ from conversations.memory import (
     INSTRUCTIONS_HEADER,
     MEMORY_HEADER,
     SUGGEST_INSTRUCTION,
+    memory_suggest,
     parse_suggestions,
     personal_preamble,
 )
@@ -278,9 +279,8 @@ def test_a_v1_conversation_gets_neither_instructions_nor_memory(user: User) -> N
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("live_celery_worker")
 def test_suggestions_are_stored_as_suggested_and_told_only_once_confirmed(
-    user: User, fake_workers: Any, settings: Any
+    user: User, fake_workers: Any
 ) -> None:
-    settings.TITLE_MODEL = "nonexistent"  # the title task fails quietly; the count is ours
     fake = fake_workers(answer=SUGGESTED)
     register_pool(fake)
     subscribe(user, tier="plus")
@@ -304,22 +304,20 @@ def test_suggestions_are_stored_as_suggested_and_told_only_once_confirmed(
     assert memory.content == f"{MEMORY_HEADER}\n- The user lives in Lyon."
 
 
-@pytest.mark.django_db(transaction=True)
-@pytest.mark.usefixtures("live_celery_worker")
 def test_no_suggestion_when_the_user_turned_them_off(user: User, fake_workers: Any) -> None:
     fake = fake_workers(answer=SUGGESTED)
     register_pool(fake)
-    subscribe(user, tier="plus")
+    conversation = ConversationFactory.create(owner=user)
+    _, answer = exchange(conversation, "I'm a nurse in Lyon.")
     personalization_update(user=user, memory_suggestions=False)
-    conversation = conversation_create(owner=user)
-    turn = turn_send(user=user, conversation=conversation, content="I'm a nurse in Lyon.")
-    generation_finish(generation_id=turn.generation.id, status="complete", text="Nice!")
-    # The title is asked for (and written) after the same answer: once it is, the memory
-    # task, queued just after it, has run too.
-    wait_until(lambda: Conversation.objects.filter(pk=conversation.pk).exclude(title="").first())
-    wait_until(lambda: fake.running == 0 or None)
+    assert memory_suggest(answer_id=answer.pk) == []
+    assert fake.requests == []
     assert not MemoryFact.objects.exists()
-    assert all(r["messages"][0]["content"] != SUGGEST_INSTRUCTION for r in fake.requests)
+    # Turned on again, the same answer gives its suggestions; asked again, no duplicates.
+    personalization_update(user=user, memory_suggestions=True)
+    assert len(memory_suggest(answer_id=answer.pk)) == 2
+    assert memory_suggest(answer_id=answer.pk) == []
+    assert MemoryFact.objects.filter(status="suggested").count() == 2
 
 
 # Deletion with the source conversation.
