@@ -741,3 +741,4 @@ IMPORT_ZIP_MAX_UNCOMPRESSED_BYTES = env_int(
 )
 API_BODY_LIMITS_BY_PATH = {"/api/v1/imports": IMPORT_MAX_BYTES + 1024 * 1024}
 CELERY_IMPORTS.append("conversations.portability.tasks")
+CELERY_IMPORTS.append("conversations.attachment_tasks")

@@ -22,10 +22,10 @@ from django.db.models import Case, PositiveSmallIntegerField, Sum, Value, When
 from chatsite.errors import ServiceError
 
 from .attachment_context import chunk_vectors
+from .attachment_tasks import attachment_embed_later
 from .attachment_text import chunk_offsets, extract_text
 from .errors import ErrorCode
 from .models import Attachment, Conversation, Message
-from .tasks import attachment_embed_later
 
 NAME_MAX_CHARS = 255
 # The media type each kind of file is served and exported as.

@@ -13,30 +13,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import httpx
 from celery import shared_task
 from django.conf import settings
-from django.db import InterfaceError, OperationalError, transaction
-from redis.exceptions import RedisError
+from django.db import transaction
 
 from chatsite.redis import sync_redis
-from inference.client import WorkerFault
 
-from . import attachment_context, memory, retention, summaries, titles
+from . import memory, retention, summaries, titles
 from .context import AssembledContext
 from .models import Conversation, Message
+from .task_retry import _RETRY
 from .unkept import unkept_listed
-
-RETRYABLE = (WorkerFault, httpx.HTTPError, OperationalError, InterfaceError, RedisError)
-_RETRY: dict[str, Any] = {
-    "autoretry_for": RETRYABLE,
-    "retry_backoff": 2,
-    "retry_backoff_max": 120,
-    "retry_jitter": True,
-    "max_retries": 5,
-    "acks_late": True,
-    "ignore_result": True,
-}
 
 
 @shared_task(soft_time_limit=90, time_limit=120, **_RETRY)
@@ -70,18 +57,6 @@ def suggest_memory(answer_id: str) -> int:
 def purge_expired_conversations() -> int:
     """Delete conversations past their owner's plan history retention (hourly, in beat)."""
     return retention.conversations_purge_expired()
-
-
-@shared_task(soft_time_limit=240, time_limit=300, **_RETRY)
-def embed_attachment(attachment_id: str) -> bool:
-    """Embed the chunks of a large attachment for retrieval (a no-op once they are)."""
-    return attachment_context.attachment_embed(attachment_id=attachment_id)
-
-
-def attachment_embed_later(*, attachment_id: Any) -> None:
-    """Queue `embed_attachment` after commit. Robust: should the broker be down, the upload
-    stands, and the first message that needs the vectors computes them."""
-    transaction.on_commit(lambda: embed_attachment.delay(str(attachment_id)), robust=True)
 
 
 def title_request_after_answer(*, conversation: Conversation, status: str) -> None:

@@ -16,7 +16,7 @@ from chatsite.errors import ServiceError
 
 from ..errors import ErrorCode
 from ..models import ImportJob
-from ..tasks import RETRYABLE
+from ..task_retry import RETRYABLE
 from .importing import import_job_fail, import_job_run
 
 logger = logging.getLogger(__name__)

@@ -13,7 +13,7 @@ from rest_framework.test import APIClient
 
 from chatsite.redis import sync_redis
 from chatsite.testing import assert_error
-from conversations import attachment_context, tasks
+from conversations import attachment_context, attachment_tasks
 from conversations.attachment_context import AttachmentContext, attachments_on_branch
 from conversations.attachments import attachment_upload
 from conversations.context import assemble_context, count_tokens
@@ -241,7 +241,7 @@ def test_a_large_file_is_embedded_by_a_task_after_commit(
     conversation: Conversation, django_capture_on_commit_callbacks: Any, monkeypatch: Any
 ) -> None:
     queued: list[str] = []
-    monkeypatch.setattr(tasks.embed_attachment, "delay", queued.append)
+    monkeypatch.setattr(attachment_tasks.embed_attachment, "delay", queued.append)
     text = " ".join(f"Sentence number {i} of a long file." for i in range(40))
 
     with django_capture_on_commit_callbacks(execute=True):
@@ -251,10 +251,10 @@ def test_a_large_file_is_embedded_by_a_task_after_commit(
 
     assert attachment.embeddings is None
     assert queued == [str(attachment.pk)]
-    assert tasks.embed_attachment(str(attachment.pk)) is True
+    assert attachment_tasks.embed_attachment(str(attachment.pk)) is True
     vectors = Attachment.objects.get(pk=attachment.pk).embeddings
     assert vectors is not None and len(vectors) == len(attachment.chunks) * 384 * 4
-    assert tasks.embed_attachment(str(attachment.pk)) is False  # done already
+    assert attachment_tasks.embed_attachment(str(attachment.pk)) is False  # done already
 
 
 # Ownership and CSRF
