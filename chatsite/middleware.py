@@ -175,20 +175,16 @@ def body_limit_middleware(get_response: Any) -> Any:
     return refuse_or_call
 
 
-_ATTACHMENT_UPLOAD = re.compile(r"^/api/v1/conversations/[0-9a-fA-F-]{36}/attachments$")
-_UPLOAD_FRAMING_BYTES = 64 * 1024
-
-
 def _too_large(request: HttpRequest) -> JsonResponse | None:
     try:
         length = int(request.META.get("CONTENT_LENGTH") or 0)
     except ValueError:
         length = 0
-    # An endpoint that takes files (the import) names its own, larger limit.
-    limit = settings.API_BODY_LIMITS_BY_PATH.get(request.path_info, settings.API_MAX_BODY_BYTES)
-    if _ATTACHMENT_UPLOAD.match(request.path_info):
-        # A file of up to ATTACHMENT_MAX_BYTES, and its multipart form's framing.
-        limit = max(limit, settings.ATTACHMENT_MAX_BYTES + _UPLOAD_FRAMING_BYTES)
+    # An endpoint that takes files (an import, an attachment) names its own, larger limit.
+    limit = settings.API_MAX_BODY_BYTES
+    for pattern, path_limit in settings.API_BODY_LIMITS_BY_PATH.items():
+        if re.fullmatch(pattern, request.path_info):
+            limit = max(limit, path_limit)
     if length <= limit:
         return None
     return api_error(

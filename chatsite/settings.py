@@ -739,6 +739,11 @@ IMPORT_CHUNK_BYTES = env_int("IMPORT_CHUNK_BYTES", 1024 * 1024)
 IMPORT_ZIP_MAX_UNCOMPRESSED_BYTES = env_int(
     "IMPORT_ZIP_MAX_UNCOMPRESSED_BYTES", 2 * IMPORT_MAX_BYTES
 )
-API_BODY_LIMITS_BY_PATH = {"/api/v1/imports": IMPORT_MAX_BYTES + 1024 * 1024}
+# Routes that take files, by a regular expression of the whole path: a file of up to its
+# setting's size and its multipart form's framing.
+API_BODY_LIMITS_BY_PATH = {
+    "/api/v1/imports": IMPORT_MAX_BYTES + 1024 * 1024,
+    "/api/v1/conversations/[0-9a-fA-F-]{36}/attachments": ATTACHMENT_MAX_BYTES + 64 * 1024,
+}
 CELERY_IMPORTS.append("conversations.portability.tasks")
 CELERY_IMPORTS.append("conversations.attachment_tasks")
