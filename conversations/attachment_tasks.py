@@ -9,10 +9,10 @@ from celery import shared_task
 from django.db import transaction
 
 from . import attachment_context
-from .task_retry import _RETRY
+from .task_retry import RETRY_POLICY
 
 
-@shared_task(soft_time_limit=240, time_limit=300, **_RETRY)
+@shared_task(soft_time_limit=240, time_limit=300, **RETRY_POLICY)
 def embed_attachment(attachment_id: str) -> bool:
     """Embed the chunks of a large attachment for retrieval (a no-op once they are)."""
     return attachment_context.attachment_embed(attachment_id=attachment_id)

@@ -13,7 +13,7 @@ from redis.exceptions import RedisError
 from inference.client import WorkerFault
 
 RETRYABLE = (WorkerFault, httpx.HTTPError, OperationalError, InterfaceError, RedisError)
-_RETRY: dict[str, Any] = {
+RETRY_POLICY: dict[str, Any] = {
     "autoretry_for": RETRYABLE,
     "retry_backoff": 2,
     "retry_backoff_max": 120,

@@ -22,11 +22,11 @@ from chatsite.redis import sync_redis
 from . import memory, retention, summaries, titles
 from .context import AssembledContext
 from .models import Conversation, Message
-from .task_retry import _RETRY
+from .task_retry import RETRY_POLICY
 from .unkept import unkept_listed
 
 
-@shared_task(soft_time_limit=90, time_limit=120, **_RETRY)
+@shared_task(soft_time_limit=90, time_limit=120, **RETRY_POLICY)
 def generate_title(conversation_id: str) -> str | None:
     """Name an untitled conversation after its first exchange (never over a user's title)."""
     title = titles.title_generate(conversation_id=conversation_id)
@@ -34,7 +34,7 @@ def generate_title(conversation_id: str) -> str | None:
     return title
 
 
-@shared_task(soft_time_limit=240, time_limit=300, **_RETRY)
+@shared_task(soft_time_limit=240, time_limit=300, **RETRY_POLICY)
 def summarise_branch(conversation_id: str, leaf_message_id: str, budget_tokens: int) -> str | None:
     """Fold the older turns of the branch ending at `leaf_message_id` into its summary."""
     summary = summaries.branch_summarise(
@@ -46,14 +46,14 @@ def summarise_branch(conversation_id: str, leaf_message_id: str, budget_tokens: 
     return str(summary.pk) if summary is not None else None
 
 
-@shared_task(soft_time_limit=90, time_limit=120, **_RETRY)
+@shared_task(soft_time_limit=90, time_limit=120, **RETRY_POLICY)
 def suggest_memory(answer_id: str) -> int:
     """Suggest facts about the user from the question `answer_id` answered (stored as
     suggestions for the user to confirm, never used before); returns how many are new."""
     return len(memory.memory_suggest(answer_id=answer_id))
 
 
-@shared_task(soft_time_limit=1500, time_limit=1800, **_RETRY)
+@shared_task(soft_time_limit=1500, time_limit=1800, **RETRY_POLICY)
 def purge_expired_conversations() -> int:
     """Delete conversations past their owner's plan history retention (hourly, in beat)."""
     return retention.conversations_purge_expired()
