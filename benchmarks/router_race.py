@@ -69,6 +69,7 @@ from benchmarks.common import (  # noqa: E402
     service_env,
     write_result,
 )
+from benchmarks.latency import STAGES, now_ms, server_marks, stages  # noqa: E402
 from benchmarks.openai_api import prepare, start, stop, wait_up  # noqa: E402
 from benchmarks.overhead import sse_events  # noqa: E402
 from benchmarks.scheduler_affinity import POLICY_LINES, QUESTIONS, SYSTEM_HEAD  # noqa: E402
@@ -142,6 +143,8 @@ class Answer:
     cached_tokens: int = 0
     text: str = ""
     error: str | None = None
+    # Where a service answer's first-token time went (`--stages`; latency.py's stages).
+    stages: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -151,6 +154,15 @@ class Side:
     base_url: str = ""
     model: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+    # The service's Redis, for tracing its answers' stages (`--stages`); None: not traced.
+    redis: Any = None
+
+
+async def trace_stages(side: Side, answer: Answer, generation_id: str, sent: float) -> None:
+    """The stages of a service answer whose first text has just arrived (sent: epoch ms)."""
+    if side.redis is not None and generation_id:
+        first = now_ms()
+        answer.stages = stages(sent, first, await server_marks(side.redis, generation_id))
 
 
 async def openai_turn(
@@ -165,6 +177,7 @@ async def openai_turn(
         "stream_options": {"include_usage": True},
     }
     started = time.perf_counter()
+    sent = now_ms()
     chunks = 0
     async with client.stream("POST", f"{side.base_url}/v1/chat/completions", json=body) as response:
         if response.status_code != 200:
@@ -181,6 +194,8 @@ async def openai_turn(
                     answer.text += text
                     if answer.ttft is None:
                         answer.ttft = time.perf_counter() - started
+                        request_id = response.headers.get("x-request-id", "")
+                        await trace_stages(side, answer, request_id.removeprefix("chatcmpl-"), sent)
             if usage := chunk.get("usage"):
                 answer.tokens = int(usage.get("completion_tokens") or 0)
                 answer.prompt_tokens = int(usage.get("prompt_tokens") or 0)
@@ -193,6 +208,7 @@ async def conversation_turn(
     client: httpx.AsyncClient, side: Side, conversation_id: str, question: str, answer: Answer
 ) -> None:
     started = time.perf_counter()
+    sent_ms = now_ms()
     sent = await client.post(
         f"{side.base_url}/api/v1/conversations/{conversation_id}/messages",
         json={"content": question},
@@ -200,13 +216,15 @@ async def conversation_turn(
     if sent.status_code >= 300:
         answer.error = f"HTTP {sent.status_code}: {sent.text[:200]}"
         return
-    stream_url = sent.json()["generation"]["stream_url"]
+    generation = sent.json()["generation"]
+    stream_url = generation["stream_url"]
     async with client.stream("GET", f"{side.base_url}{stream_url}") as response:
         async for event, data in sse_events(response):
             if event == "delta":
                 answer.text += json.loads(data).get("text", "")
                 if answer.ttft is None:
                     answer.ttft = time.perf_counter() - started
+                    await trace_stages(side, answer, generation["id"], sent_ms)
             elif event == "error":
                 answer.error = f"error event: {data}"[:200]
             elif event == "done":
@@ -411,16 +429,47 @@ class Outcome:
     def tokens_per_s(self) -> float:
         return sum(a.tokens for a in self.ok) / self.wall if self.wall else 0.0
 
+    def traced(self) -> list[Answer]:
+        return [a for a in self.ok if a.stages]
+
+
+def stages_table(outcomes: list[Outcome]) -> str:
+    """Per service side: each stage's p50 / p90 over its traced answers, in ms."""
+    rows = [
+        [
+            o.side,
+            f"{len(o.traced())}/{len(o.ok)}",
+            *(
+                " / ".join(
+                    f"{percentile([a.stages[stage] for a in o.traced()], q):,.0f}" for q in (50, 90)
+                )
+                for stage in STAGES
+            ),
+        ]
+        for o in outcomes
+        if o.traced()
+    ]
+    return render(["side", "traced", *(f"{stage} p50/p90" for stage in STAGES)], rows)
+
 
 async def play(side: Side, trace: list[Conversation], args: Any, urls: list[str]) -> Outcome:
+    from chatsite.redis import async_redis
+
     prompts = system_prompts(args, secrets.token_hex(4))
+    if args.stages and side.kind != "router":
+        side.redis = async_redis()
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), headers=side.headers) as client:
         await settle(client, urls)
         before = await counters(client, urls)
         clock = time.perf_counter()
-        played = await asyncio.gather(
-            *(converse(client, side, c, prompts, args, clock) for c in trace)
-        )
+        try:
+            played = await asyncio.gather(
+                *(converse(client, side, c, prompts, args, clock) for c in trace)
+            )
+        finally:
+            if side.redis is not None:
+                await side.redis.aclose()
+                side.redis = None
         wall = time.perf_counter() - clock
         await settle(client, urls)
         after = await counters(client, urls)
@@ -483,15 +532,15 @@ def run_side(name: str, args: Any, urls: list[str], trace: list[Conversation], k
     logs = Path(tempfile.mkdtemp(prefix="router-race-"))
     port = free_port()
     processes = []
+    nice = ["nice", "-n", str(args.nice)] if args.nice else []
     try:
         if kind in ("vllm-router", "sglang-router"):
-            command = router_command(kind, policy, urls, port, args.routers_venv)
+            command = [*nice, *router_command(kind, policy, urls, port, args.routers_venv)]
             processes.append(start(command, logs / f"{kind}.log", service_env()))
             side = Side(name, "router", f"http://127.0.0.1:{port}", args.served_model)
             wait_up(f"{side.base_url}/v1/models", processes[0], logs / f"{kind}.log")
         elif kind in ("v1", "conversations"):
             env = {**service_env(), "SCHEDULER_PLACEMENT": policy}
-            nice = ["nice", "-n", str(args.service_nice)] if args.service_nice else []
             processes.append(start([*nice, *edge_command(port)], logs / "edge.log", env))
             processes.append(
                 start(
@@ -579,10 +628,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rate", type=float, default=2.0, help="new conversations per s")
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument(
-        "--service-nice",
+        "--nice",
         type=int,
         default=0,
-        help="run the service's edge and scheduler at this niceness (workers sharing its cores)",
+        help="run every side's routing processes (a peer router; the service's edge and "
+        "scheduler) at this niceness, e.g. -10 to put them ahead of workers that share their "
+        "cores, as on a router host of their own",
     )
     parser.add_argument(
         "--kv-events",
@@ -590,6 +641,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the workers' KV event endpoints (run_worker --kv-events-port), in --workers "
         "order, e.g. tcp://127.0.0.1:5561,tcp://127.0.0.1:5563: a side named v1:<policy>+events "
         "has its scheduler follow them instead of estimating the caches",
+    )
+    parser.add_argument(
+        "--stages",
+        action="store_true",
+        help="trace where each service answer's first-token time went (latency.py's stages: "
+        "the job's timestamps and stream ids, read from the service's Redis at the first text)",
     )
     parser.add_argument("--routers-venv", type=Path, default=ROOT / ".venv-routers")
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
@@ -628,7 +685,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"router race: {args.conversations} conversations x {args.turns} turns, "
         f"{args.prompts} shared system prompts of ~{args.system_tokens} tokens, "
         f"max_tokens {args.max_tokens}, think {args.think} s, {args.rate} new conversations/s, "
-        f"seed {args.seed}\nworkers: "
+        f"seed {args.seed}"
+        + (f", routing processes at niceness {args.nice}" if args.nice else "")
+        + "\nworkers: "
         + ", ".join(
             f"{u} (block {load.block_size}, {load.num_gpu_blocks} blocks)"
             for u, load in zip(urls, loads, strict=True)
@@ -640,6 +699,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = f"{facts}\n\n{table(outcomes)}"
     if speeds:
         report += "\n\nworkers' speed as the scheduler fitted it:\n" + "\n".join(speeds)
+    if any(o.traced() for o in outcomes):
+        report += (
+            "\n\nwhere the service's first-token time went (ms; latency.py's stages; "
+            "for the conversation API, `to client` includes the POST's answer and the stream's "
+            f"opening where the first text came before them):\n{stages_table(outcomes)}"
+        )
     print(report)
     out = write_result(args.results, "router_race", report)
     print(f"\nwritten to {out}")

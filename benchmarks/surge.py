@@ -5,7 +5,10 @@ Per side (a setting of `SCHEDULER_TIER_SHARE`, the share of a worker each tier m
 
 1. Unloaded: `--unloaded` pro sends, one at a time, on idle workers: the paid TTFT a surge
    is measured against.
-2. Surge: `--free` free sends, and `--pro-after` seconds later `--pro` pro sends, each burst
+2. Pro alone: the surge's `--pro` sends, as one burst on idle workers with no free answer
+   anywhere: what the paid burst costs itself, so that what the free surge adds to it can be
+   told apart.
+3. Surge: `--free` free sends, and `--pro-after` seconds later `--pro` pro sends, each burst
    as fast as the service takes it (eight sends at a time), through the real service code
    (`conversations.turns.turn_send`, the Redis queue, an in-process scheduler replica, the
    workers). Each worker takes `--concurrency` answers, so the surge is several times what
@@ -15,8 +18,9 @@ Per side (a setting of `SCHEDULER_TIER_SHARE`, the share of a worker each tier m
 TTFT is the generation's first token time minus its enqueue time, as the scheduler records
 them. Reported per tier: TTFT p50/p99, what ended how, the longest line a waiting answer was
 told about (its queue position), and the paid p99 over its unloaded p99 (the issue's target:
-at most 2). For the cancelled answers: how many had reached a worker (the others cost the
-workers nothing) and the output tokens the workers spent on them.
+at most 2) and over the p99 of the pro burst alone. For the cancelled answers: how many had
+reached a worker (the others cost the workers nothing) and the output tokens the workers
+spent on them.
 
 The sides: `even` (every tier may fill the whole worker: admission as before tier shares),
 `tiered` (the defaults: free 0.75, plus 1.0, pro 1.25) and `wide` (pro up to twice the
@@ -80,6 +84,7 @@ class Outcome:
     round: int
     unloaded_ms: list[float]
     tiers: dict[str, TierOutcome]
+    alone_ms: list[float] = field(default_factory=list)
     cancelled_reached: int = 0
     cancelled_waiting: int = 0
     cancelled_tokens: int = 0
@@ -283,6 +288,10 @@ async def run_side(
             gid = await sync_to_async(send)(pro_user, pool, system_prompt, question(index))
             await wait_final([gid], within=120)
             unloaded.append(gid)
+        alone = await burst(
+            pro_user, pool, system_prompt, [question(3000 + i) for i in range(args.pro)]
+        )
+        await wait_final(alone, within=args.max_queue + 600)
         started = loop.time()
         free_questions = [question(1000 + i) for i in range(args.free)]
         pro_questions = [question(2000 + i) for i in range(args.pro)]
@@ -303,6 +312,9 @@ async def run_side(
     for row in await sync_to_async(rows_of)(unloaded):
         if (ms := ttft_ms(row)) is not None:
             outcome.unloaded_ms.append(ms)
+    for row in await sync_to_async(rows_of)(alone):
+        if (ms := ttft_ms(row)) is not None:
+            outcome.alone_ms.append(ms)
     for tier, ids in (("free", free), ("pro", pro)):
         tier_outcome = outcome.tiers.setdefault(tier, TierOutcome())
         for row in await sync_to_async(rows_of)(ids):
@@ -326,9 +338,11 @@ def table(outcomes: list[Outcome]) -> str:
         "side",
         "round",
         "pro unloaded p50/p99",
+        "pro alone p50/p99",
         "pro p50",
         "pro p99",
         "pro p99 / unloaded",
+        "pro p99 / alone",
         "free p50",
         "free p99",
         "longest line",
@@ -340,15 +354,18 @@ def table(outcomes: list[Outcome]) -> str:
     rows = []
     for o in outcomes:
         unloaded_p99 = percentile(o.unloaded_ms, 99)
+        alone_p99 = percentile(o.alone_ms, 99)
         pro, free = o.tiers["pro"], o.tiers["free"]
         rows.append(
             [
                 o.side,
                 str(o.round),
                 f"{percentile(o.unloaded_ms, 50):,.0f} / {unloaded_p99:,.0f}",
+                f"{percentile(o.alone_ms, 50):,.0f} / {alone_p99:,.0f}",
                 f"{percentile(pro.ttft_ms, 50):,.0f}",
                 f"{percentile(pro.ttft_ms, 99):,.0f}",
                 f"{percentile(pro.ttft_ms, 99) / unloaded_p99:.2f}",
+                f"{percentile(pro.ttft_ms, 99) / alone_p99:.2f}",
                 f"{percentile(free.ttft_ms, 50):,.0f}",
                 f"{percentile(free.ttft_ms, 99):,.0f}",
                 str(max(pro.longest_line, free.longest_line)),

@@ -28,6 +28,7 @@ def test_the_race_plays_the_trace_through_every_kind_of_side(
             *("--sides", "sglang-router:round_robin,v1:predicted_ttft,conversations:affinity"),
             *("--conversations", "2", "--turns", "2", "--prompts", "1", "--system-tokens", "140"),
             *("--max-tokens", "4", "--think", "0", "--rate", "20", "--results", str(tmp_path)),
+            "--stages",
         ],
         database_suffix="_race_smoke_bench",
         redis_db=12,
@@ -53,3 +54,15 @@ def test_the_race_plays_the_trace_through_every_kind_of_side(
         assert float(row["hit"]) > 0 and float(row["usage"]) > 0, report
         # No placement beats one unlimited cache.
         assert float(row["usage"]) <= float(row["oracle"]), report
+    # Where the service's first-token time went: every answer of both service sides traced,
+    # its stages read back from the job's timestamps and stream ids.
+    for side in ("v1:predicted_ttft", "conversations:affinity"):
+        row = re.search(
+            rf"^{re.escape(side)}\s+(?P<traced>\d+)/(?P<ok>\d+)"
+            + r"\s+(-?[\d,]+ / -?[\d,]+)" * 6
+            + r"\s*$",
+            report.split("where the service's first-token time went", 1)[1],
+            re.M,
+        )
+        assert row is not None, report
+        assert row["traced"] == row["ok"] == "4", report

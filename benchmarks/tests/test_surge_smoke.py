@@ -30,8 +30,9 @@ def test_the_surge_is_played_on_both_sides(real_workers: list[RealWorker], tmp_p
     report = next(tmp_path.glob("surge-*.txt")).read_text()
     for side in ("even", "tiered"):
         row = re.search(
-            rf"^{side}\s+1\s+(?P<unloaded>[\d,]+) / [\d,]+\s+(?P<pro>[\d,]+)\s+[\d,]+\s+"
-            r"(?P<ratio>\d+\.\d\d)\s+(?P<free>[\d,]+)\s+[\d,]+\s+\d+\s+(?P<pro_ended>\S+)\s+"
+            rf"^{side}\s+1\s+(?P<unloaded>[\d,]+) / [\d,]+\s+(?P<alone>[\d,]+) / [\d,]+\s+"
+            r"(?P<pro>[\d,]+)\s+[\d,]+\s+"
+            r"(?P<ratio>\d+\.\d\d)\s+(?P<alone_ratio>\d+\.\d\d)\s+(?P<free>[\d,]+)\s+[\d,]+\s+\d+\s+(?P<pro_ended>\S+)\s+"
             r"(?P<free_ended>.+?)\s+(?P<waiting>\d+) / (?P<reached>\d+) \(\d+\)\s+\d+\s*$",
             report,
             re.M,
@@ -44,3 +45,4 @@ def test_the_surge_is_played_on_both_sides(real_workers: list[RealWorker], tmp_p
         assert sum(map(int, ended.values())) == 6, report
         assert int(ended.get("cancelled", 0)) == int(row["waiting"]) + int(row["reached"]), report
         assert int(row["unloaded"].replace(",", "")) > 0 and float(row["ratio"]) > 0, report
+        assert int(row["alone"].replace(",", "")) > 0 and float(row["alone_ratio"]) > 0, report
