@@ -16,11 +16,12 @@ Per side (a setting of `SCHEDULER_TIER_SHARE`, the share of a worker each tier m
    second after the surge, wherever they are by then (those already answered stay answered).
 
 TTFT is the generation's first token time minus its enqueue time, as the scheduler records
-them. Reported per tier: TTFT p50/p99, what ended how, the longest line a waiting answer was
-told about (its queue position), and the paid p99 over its unloaded p99 (the issue's target:
-at most 2) and over the p99 of the pro burst alone. For the cancelled answers: how many had
-reached a worker (the others cost the workers nothing) and the output tokens the workers
-spent on them.
+them. Reported per tier: TTFT p50/p99, what ended how (`refused`: a new conversation the
+overload policy turned away with 429 `high_demand` while the tier's queue was long), the
+longest line a waiting answer was told about (its queue position), and the paid p99 over
+its unloaded p99 (the issue's target: at most 2) and over the p99 of the pro burst alone.
+For the cancelled answers: how many had reached a worker (the others cost the workers
+nothing) and the output tokens the workers spent on them.
 
 The sides: `even` (every tier may fill the whole worker: admission as before tier shares),
 `tiered` (the defaults: free 0.75, plus 1.0, pro 1.25) and `wide` (pro up to twice the
@@ -163,24 +164,34 @@ def open_conversation(user: Any, pool: Any, system_prompt: str) -> Any:
     return conversation_create(owner=user, model=pool.name, system_prompt=system_prompt)
 
 
-def send_in(user: Any, conversation: Any, question: str) -> str:
+def send_in(user: Any, conversation: Any, question: str) -> str | None:
+    """The send's generation id; None where the overload policy refused a new conversation
+    (429 `high_demand`, while the tier's queue is long)."""
     from django.db import close_old_connections
 
+    from chatsite.errors import ServiceError
     from conversations.turns import turn_send
 
     try:
         return str(turn_send(user=user, conversation=conversation, content=question).generation.id)
+    except ServiceError as exc:
+        if exc.code != "high_demand":
+            raise
+        return None
     finally:
         close_old_connections()
 
 
 def send(user: Any, pool: Any, system_prompt: str, question: str) -> str:
-    return send_in(user, open_conversation(user, pool, system_prompt), question)
+    gid = send_in(user, open_conversation(user, pool, system_prompt), question)
+    if gid is None:
+        raise SystemExit("a send on idle workers was refused for high demand")
+    return gid
 
 
-async def burst(user: Any, pool: Any, system_prompt: str, questions: list[str]) -> list[str]:
+async def burst(user: Any, pool: Any, system_prompt: str, questions: list[str]) -> list[str | None]:
     """One send per question, each in a new conversation, as many at once as the service
-    takes them (the conversations are opened beforehand)."""
+    takes them (the conversations are opened beforehand); None for a refused send."""
     from asgiref.sync import sync_to_async
 
     conversations = [
@@ -193,6 +204,10 @@ async def burst(user: Any, pool: Any, system_prompt: str, questions: list[str]) 
             for conversation, question in zip(conversations, questions, strict=True)
         ]
         return list(await asyncio.gather(*sends))
+
+
+def accepted(sent: list[str | None]) -> list[str]:
+    return [gid for gid in sent if gid is not None]
 
 
 def cancel(generation_id: str) -> None:
@@ -288,8 +303,10 @@ async def run_side(
             gid = await sync_to_async(send)(pro_user, pool, system_prompt, question(index))
             await wait_final([gid], within=120)
             unloaded.append(gid)
-        alone = await burst(
-            pro_user, pool, system_prompt, [question(3000 + i) for i in range(args.pro)]
+        alone = accepted(
+            await burst(
+                pro_user, pool, system_prompt, [question(3000 + i) for i in range(args.pro)]
+            )
         )
         await wait_final(alone, within=args.max_queue + 600)
         started = loop.time()
@@ -297,8 +314,9 @@ async def run_side(
         pro_questions = [question(2000 + i) for i in range(args.pro)]
         free_task = asyncio.create_task(burst(free_user, pool, system_prompt, free_questions))
         await asyncio.sleep(args.pro_after)
-        pro = await burst(pro_user, pool, system_prompt, pro_questions)
-        free = await free_task
+        pro_sent = await burst(pro_user, pool, system_prompt, pro_questions)
+        free_sent = await free_task
+        pro, free = accepted(pro_sent), accepted(free_sent)
         await asyncio.sleep(1.0)
         cancelled = rng.sample(free, min(args.cancel, len(free)))
         for gid in cancelled:
@@ -315,8 +333,10 @@ async def run_side(
     for row in await sync_to_async(rows_of)(alone):
         if (ms := ttft_ms(row)) is not None:
             outcome.alone_ms.append(ms)
-    for tier, ids in (("free", free), ("pro", pro)):
+    for tier, ids, sent in (("free", free, free_sent), ("pro", pro, pro_sent)):
         tier_outcome = outcome.tiers.setdefault(tier, TierOutcome())
+        if refused := len(sent) - len(ids):
+            tier_outcome.statuses["refused"] = refused
         for row in await sync_to_async(rows_of)(ids):
             tier_outcome.statuses[row.status] = tier_outcome.statuses.get(row.status, 0) + 1
             was_cancelled = row.status == Generation.Status.CANCELLED

@@ -39,7 +39,8 @@ def test_the_surge_is_played_on_both_sides(real_workers: list[RealWorker], tmp_p
         )
         assert row is not None, report
         assert row["pro_ended"] == "complete=2", report
-        # Every free answer ended answered or cancelled, none in error.
+        # Every free answer ended answered or cancelled, none in error (the queue is too short
+        # here for the overload policy to refuse new conversations).
         ended = dict(part.split("=") for part in row["free_ended"].split())
         assert set(ended) <= {"complete", "cancelled"}, report
         assert sum(map(int, ended.values())) == 6, report
