@@ -24,6 +24,7 @@ It prints one table and writes it to benchmarks/results/conversation_drop-<UTC d
 from __future__ import annotations
 
 import argparse
+import secrets
 import statistics
 import sys
 import time
@@ -98,7 +99,7 @@ def benchmark(args: argparse.Namespace) -> str:
     from conversations import removal
 
     joined = removal._one_statement
-    user = User.objects.create_user(username="drop-bench")
+    user = User.objects.create_user(username=f"drop-bench-{secrets.token_hex(4)}")
     measured: dict[str, list[tuple[float, float, int]]] = {side: [] for side in SIDES}
     for round_ in range(args.rounds):
         for side in SIDES if round_ % 2 == 0 else reversed(SIDES):

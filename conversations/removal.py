@@ -108,7 +108,9 @@ def _drop_row(conversation: Conversation) -> bool:
     the caller to wipe to a content-free tombstone."""
     plan = drop_plan()
     try:
-        with transaction.atomic():
+        # Only Django's collector raises for a protected reference, which the savepoint
+        # undoes; the plan's raw deletes need none.
+        with transaction.atomic(savepoint=plan is None):
             # Locked first, as a send locks it: no message can join it while it goes.
             row = Conversation.objects.select_for_update().filter(pk=conversation.pk).first()
             if row is None:
@@ -128,8 +130,8 @@ class DropPlan:
     messages is a plain cascade or set-null (`drop_plan`): one per related model, then the
     messages and the conversation, where Django's collector first selects every message and
     then deletes by lists of ids (a conversation with a row of every kind: 21 statements by the
-    collector before #18; one per related model, 18; now 9, the deletes in one statement on
-    Postgres, `_one_statement`).
+    collector before #18; one per related model, 18; now 7, the deletes in one statement on
+    Postgres, `_one_statement`, and no savepoint around them).
 
     The conversation is locked meanwhile, and the rows refer to each other only within it
     (replies, the current leaf); Postgres checks its foreign keys at commit."""
