@@ -24,8 +24,14 @@ reset where they allow it (`POST /reset_prefix_cache`).
 Per side: vLLM's own prefix-cache hit rate over the side (the change of its
 `prefix_cache_hits` / `prefix_cache_queries` counters, summed over the workers), TTFT p50/p99
 (request sent to first text), output tokens/s over the side's wall time, requests per worker,
-and errors. The oracle's hit rate (one cache of unlimited size holding every block sent before,
-in the workers' own block size, replaying the side's own prompts and answers) is the limit any
+errors, and the CPU seconds its routing processes (a peer router; the service's edge and
+scheduler) and this machine's Postgres and Redis used while it played (the workers share
+those cores). `--stages` adds where each service answer's first-token time went; `--burn F`
+keeps F of a core busy beside the workers during every side, to see how much such load
+slows them; `--nice N` runs every side's routing processes at niceness N.
+
+The oracle's hit rate (one cache of unlimited size holding every block sent before, in the
+workers' own block size, replaying the side's own prompts and answers) is the limit any
 placement can reach.
 
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/chatsite_race_bench \\
@@ -44,6 +50,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import random
 import secrets
 import sys
@@ -73,6 +80,7 @@ from benchmarks.latency import STAGES, now_ms, server_marks, stages  # noqa: E40
 from benchmarks.openai_api import prepare, start, stop, wait_up  # noqa: E402
 from benchmarks.overhead import sse_events  # noqa: E402
 from benchmarks.scheduler_affinity import POLICY_LINES, QUESTIONS, SYSTEM_HEAD  # noqa: E402
+from benchmarks.stack import process_group  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_race_bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/8"
@@ -368,6 +376,64 @@ def oracle_hit_rate(
     return hits / queries if queries else 0.0
 
 
+# CPU
+
+
+CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+STORES = ("postgres", "redis-server")
+
+
+def cpu_seconds(pids: Sequence[int]) -> float:
+    """The CPU time the processes `pids` have used so far (user and system)."""
+    total = 0
+    for pid in pids:
+        try:
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue  # gone meanwhile
+        total += int(fields[11]) + int(fields[12])
+    return total / CLOCK_TICKS
+
+
+def store_pids() -> list[int]:
+    """This machine's Postgres and Redis processes (the service's stores)."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            with contextlib.suppress(OSError):
+                if (entry / "comm").read_text().strip() in STORES:
+                    found.append(int(entry.name))
+    return found
+
+
+@dataclass
+class CpuUse:
+    """CPU seconds spent while a side played its trace: by its routing processes (a peer
+    router; the service's edge and scheduler) and by this machine's Postgres and Redis."""
+
+    routing: float = 0.0
+    stores: float = 0.0
+
+
+def cpu_reading(processes: Sequence[Any]) -> CpuUse:
+    pids = [pid for process in processes for pid in process_group(process.pid)]
+    return CpuUse(cpu_seconds(pids), cpu_seconds(store_pids()))
+
+
+def burner(fraction: float, log: Path) -> Any:
+    """A process that keeps `fraction` of one core busy (in 10 ms slices), beside the workers:
+    load of the kind the service's own processes put on the cores they share."""
+    busy, idle = 0.01 * fraction, 0.01 * (1 - fraction)
+    code = (
+        "import time\n"
+        "while True:\n"
+        "    t = time.perf_counter()\n"
+        f"    while time.perf_counter() - t < {busy}: pass\n"
+        f"    time.sleep({idle})\n"
+    )
+    return start([sys.executable, "-c", code], log, dict(os.environ))
+
+
 # Sides
 
 
@@ -412,6 +478,7 @@ class Outcome:
     prompts: list[str] = field(default_factory=list)
     oracle: float = 0.0
     inside_vllm: dict[str, float] = field(default_factory=dict)
+    cpu: CpuUse = field(default_factory=CpuUse)
 
     @property
     def ok(self) -> list[Answer]:
@@ -452,7 +519,9 @@ def stages_table(outcomes: list[Outcome]) -> str:
     return render(["side", "traced", *(f"{stage} p50/p90" for stage in STAGES)], rows)
 
 
-async def play(side: Side, trace: list[Conversation], args: Any, urls: list[str]) -> Outcome:
+async def play(
+    side: Side, trace: list[Conversation], args: Any, urls: list[str], processes: Sequence[Any]
+) -> Outcome:
     from chatsite.redis import async_redis
 
     prompts = system_prompts(args, secrets.token_hex(4))
@@ -461,6 +530,7 @@ async def play(side: Side, trace: list[Conversation], args: Any, urls: list[str]
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), headers=side.headers) as client:
         await settle(client, urls)
         before = await counters(client, urls)
+        cpu_before = cpu_reading(processes)
         clock = time.perf_counter()
         try:
             played = await asyncio.gather(
@@ -471,6 +541,7 @@ async def play(side: Side, trace: list[Conversation], args: Any, urls: list[str]
                 await side.redis.aclose()
                 side.redis = None
         wall = time.perf_counter() - clock
+        cpu_after = cpu_reading(processes)
         await settle(client, urls)
         after = await counters(client, urls)
     queries = sum(a.queries - b.queries for a, b in zip(after, before, strict=True))
@@ -483,6 +554,7 @@ async def play(side: Side, trace: list[Conversation], args: Any, urls: list[str]
         prompts=prompts,
         hit_rate=hits / queries if queries else 0.0,
         per_worker=[int(a.requests - b.requests) for a, b in zip(after, before, strict=True)],
+        cpu=CpuUse(cpu_after.routing - cpu_before.routing, cpu_after.stores - cpu_before.stores),
         # Means per request, in ms (preemptions: the count).
         inside_vllm={
             name: sum(a.sums[name] - b.sums[name] for a, b in zip(after, before, strict=True))
@@ -566,7 +638,10 @@ def run_side(name: str, args: Any, urls: list[str], trace: list[Conversation], k
             wait_up(f"{side.base_url}/v1/models", processes[0], logs / "edge.log")
         else:
             raise SystemExit(f"unknown side {name!r}")
-        outcome = asyncio.run(play(side, trace, args, urls))
+        routing = list(processes)
+        if args.burn:
+            processes.append(burner(args.burn, logs / "burn.log"))
+        outcome = asyncio.run(play(side, trace, args, urls, routing))
         if kind in ("v1", "conversations"):
             outcome.fitted = fitted_speeds()
     finally:
@@ -596,6 +671,7 @@ def table(outcomes: list[Outcome]) -> str:
             str(len(o.answers) - len(o.ok)),
             " / ".join(f"{o.inside_vllm.get(k, 0):,.0f}" for k in ("ttft", "queue", "prefill")),
             f"{o.inside_vllm.get('preemptions', 0):.0f}",
+            f"{o.cpu.routing:.1f} / {o.cpu.stores:.1f}",
         ]
         for o in outcomes
     ]
@@ -610,6 +686,7 @@ def table(outcomes: list[Outcome]) -> str:
             "errors",
             "vLLM mean TTFT / queue / prefill ms",
             "preemptions",
+            "CPU s routing / stores",
         ],
         rows,
     )
@@ -641,6 +718,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="the workers' KV event endpoints (run_worker --kv-events-port), in --workers "
         "order, e.g. tcp://127.0.0.1:5561,tcp://127.0.0.1:5563: a side named v1:<policy>+events "
         "has its scheduler follow them instead of estimating the caches",
+    )
+    parser.add_argument(
+        "--burn",
+        type=float,
+        default=0.0,
+        help="keep this share of one core busy during every side (0-1): how much the workers "
+        "slow down under load of the kind the service's processes add",
     )
     parser.add_argument(
         "--stages",
@@ -687,6 +771,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"max_tokens {args.max_tokens}, think {args.think} s, {args.rate} new conversations/s, "
         f"seed {args.seed}"
         + (f", routing processes at niceness {args.nice}" if args.nice else "")
+        + (f", {args.burn:.2f} of a core kept busy beside the workers" if args.burn else "")
         + "\nworkers: "
         + ", ".join(
             f"{u} (block {load.block_size}, {load.num_gpu_blocks} blocks)"

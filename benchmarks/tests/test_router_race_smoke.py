@@ -40,7 +40,8 @@ def test_the_race_plays_the_trace_through_every_kind_of_side(
             rf"^{re.escape(side)}\s+(?P<hit>\d\.\d{{3}})\s+(?P<usage>\d\.\d{{3}})\s+"
             r"(?P<oracle>\d\.\d{3})\s+\S+\s+"
             r"(?P<ttft>[\d,]+)\s+[\d,]+\s+(?P<tps>[\d.]+)\s+\d+\s+(?P<spread>\d+ / \d+)\s+"
-            r"(?P<errors>\d+)\s+(?P<vllm_ttft>[\d,]+) / [\d,]+ / [\d,]+\s+\d+\s*$",
+            r"(?P<errors>\d+)\s+(?P<vllm_ttft>[\d,]+) / [\d,]+ / [\d,]+\s+\d+\s+"
+            r"(?P<routing_cpu>\d+\.\d) / (?P<stores_cpu>\d+\.\d)\s*$",
             report,
             re.M,
         )
@@ -48,6 +49,10 @@ def test_the_race_plays_the_trace_through_every_kind_of_side(
         assert row["errors"] == "0", report
         assert int(row["ttft"].replace(",", "")) > 0, report
         assert int(row["vllm_ttft"].replace(",", "")) > 0, report
+        # The service's edge and scheduler worked while the side played (tens of ms of CPU
+        # per answer; the peer router's few ms may round to 0.0).
+        if not side.startswith("sglang-router"):
+            assert float(row["routing_cpu"]) > 0, report
         # Every turn reached a worker, and the second turn of each found its first cached,
         # by vLLM's counters and by the answers' usage.
         assert sum(int(n) for n in row["spread"].split(" / ")) == 4, report
