@@ -24,6 +24,7 @@ It prints one table and writes it to benchmarks/results/conversation_drop-<UTC d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import secrets
 import statistics
 import sys
@@ -31,6 +32,7 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -98,18 +100,13 @@ def benchmark(args: argparse.Namespace) -> str:
 
     from conversations import removal
 
-    joined = removal._one_statement
     user = User.objects.create_user(username=f"drop-bench-{secrets.token_hex(4)}")
     measured: dict[str, list[tuple[float, float, int]]] = {side: [] for side in SIDES}
     for round_ in range(args.rounds):
         for side in SIDES if round_ % 2 == 0 else reversed(SIDES):
-            removal._one_statement = (  # type: ignore[assignment]
-                joined if side == "one statement" else (lambda plan, alias: None)
-            )
-            try:
+            one_by_one = mock.patch.object(removal, "_one_statement", lambda plan, alias: None)
+            with one_by_one if side == "one by one" else contextlib.nullcontext():
                 measured[side].append(drop_all(make_conversations(user, args)))
-            finally:
-                removal._one_statement = joined
     rows = []
     for side, values in measured.items():
         cpu = [value[0] for value in values]
