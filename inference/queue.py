@@ -278,15 +278,23 @@ end
 return false
 """
 
-# Put a claimed generation back where it was (KEYS: its queue, enqueue times and job, and the
-# `owned` set of the replica that held it; ARGV: its score, its enqueue time, its id), and
-# let any replica claim it.
+# Put a claimed generation back at the head of its queue (KEYS: its queue, enqueue times,
+# fair-queue state and job, and the `owned` set of the replica that held it; ARGV: its score,
+# its enqueue time, its id), and let any replica claim it. It keeps its score unless the
+# queue's virtual time is now below it: its claim emptied the queue and ended the busy period
+# (the state went with it), and those who queued since started again from zero. It then
+# starts at the virtual time, ahead of them, instead of behind every tag of the new period.
 REQUEUE = """
-redis.call('ZADD', KEYS[1], ARGV[1], ARGV[3])
+local v = tonumber(redis.call('HGET', KEYS[3], 'V') or '0')
+local score = ARGV[1]
+if tonumber(score) > v then
+  score = string.format('%d.%06d', v, 0)
+end
+redis.call('ZADD', KEYS[1], score, ARGV[3])
 redis.call('ZADD', KEYS[2], ARGV[2], ARGV[3])
-redis.call('HDEL', KEYS[3], 'owner')
-if KEYS[4] then
-  redis.call('SREM', KEYS[4], ARGV[3])
+redis.call('HDEL', KEYS[4], 'owner')
+if KEYS[5] then
+  redis.call('SREM', KEYS[5], ARGV[3])
 end
 return 1
 """

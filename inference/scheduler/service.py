@@ -373,9 +373,10 @@ class Scheduler:
                 # of each is full in tokens: back in line, same place.
                 await self.redis.eval(
                     queue.REQUEUE,
-                    4,
+                    5,
                     queue_name,
                     queue.queued_at_key(pool, job.tier),
+                    queue.fair_key(pool, job.tier),
                     queue.job_key(generation_id),
                     queue.owned_key(self.replica_id),
                     score,

@@ -119,22 +119,46 @@ def test_a_better_tier_is_served_first_and_full_tiers_are_skipped(redis: Any) ->
     assert claim(redis)[0] == pro  # type: ignore[index]
 
 
-def test_a_requeued_generation_keeps_its_place(redis: Any) -> None:
-    first, second = put(redis, 1), put(redis, 2)
-    generation_id, queue_name, score, _ = claim(redis)  # type: ignore[misc]
-    assert generation_id == first
+def requeue(redis: Any, claimed: list[Any]) -> None:
+    """Put a claimed generation back, as the scheduler does when no worker could take it."""
+    generation_id, queue_name, score, _ = claimed
     redis.eval(
         queue.REQUEUE,
-        3,
+        4,
         queue_name,
         queue.queued_at_key(POOL, "free"),
+        queue.fair_key(POOL, "free"),
         queue.job_key(generation_id),
         score,
         "1",
         generation_id,
     )
-    assert redis.hget(queue.job_key(generation_id), "owner") is None
-    assert claim_all(redis) == [first, second]
+
+
+def test_a_requeued_generation_keeps_its_place(redis: Any) -> None:
+    first, second = put(redis, 1), put(redis, 2)
+    claimed = claim(redis)
+    assert claimed is not None and claimed[0] == first
+    put(redis, 3)  # queued while the first was out of line
+    requeue(redis, claimed)
+    assert redis.hget(queue.job_key(first), "owner") is None
+    assert users(claim_all(redis)) == ["u1", "u2", "u3"]
+
+
+def test_a_requeued_generation_that_emptied_its_queue_is_not_passed_by_later_ones(
+    redis: Any,
+) -> None:
+    """Its claim ended the busy period (the fair-queue state went with it), so those who
+    queue meanwhile start again from zero: it goes back ahead of them, not behind them all."""
+    for _ in range(3):
+        put(redis, 1)
+    claim(redis)
+    claim(redis)
+    last = claim(redis)  # a tag of several hundred tokens; the queue is empty now
+    assert last is not None and not redis.exists(queue.fair_key(POOL, "free"))
+    later = [put(redis, 2), put(redis, 3)]
+    requeue(redis, last)
+    assert claim_all(redis) == [last[0], *later]
 
 
 def test_the_queue_time_limit_counts_from_enqueue_not_from_the_fair_tag(redis: Any) -> None:

@@ -159,6 +159,7 @@ def _sample_keys() -> dict[str, list[str]]:
         "REQUEUE": [
             queue.queue_key("big", "pro"),
             queue.queued_at_key("big", "pro"),
+            queue.fair_key("big", "pro"),
             queue.job_key(gid),
             queue.owned_key(replica),
         ],
