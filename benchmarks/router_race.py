@@ -78,7 +78,7 @@ from benchmarks.common import (  # noqa: E402
 )
 from benchmarks.latency import STAGES, now_ms, server_marks, stages  # noqa: E402
 from benchmarks.openai_api import prepare, start, stop, wait_up  # noqa: E402
-from benchmarks.overhead import sse_events  # noqa: E402
+from benchmarks.overhead import cpu_seconds, pids_named, sse_events  # noqa: E402
 from benchmarks.scheduler_affinity import POLICY_LINES, QUESTIONS, SYSTEM_HEAD  # noqa: E402
 from benchmarks.stack import process_group  # noqa: E402
 
@@ -379,33 +379,6 @@ def oracle_hit_rate(
 # CPU
 
 
-CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
-STORES = ("postgres", "redis-server")
-
-
-def cpu_seconds(pids: Sequence[int]) -> float:
-    """The CPU time the processes `pids` have used so far (user and system)."""
-    total = 0
-    for pid in pids:
-        try:
-            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue  # gone meanwhile
-        total += int(fields[11]) + int(fields[12])
-    return total / CLOCK_TICKS
-
-
-def store_pids() -> list[int]:
-    """This machine's Postgres and Redis processes (the service's stores)."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            with contextlib.suppress(OSError):
-                if (entry / "comm").read_text().strip() in STORES:
-                    found.append(int(entry.name))
-    return found
-
-
 @dataclass
 class CpuUse:
     """CPU seconds spent while a side played its trace: by its routing processes (a peer
@@ -416,8 +389,9 @@ class CpuUse:
 
 
 def cpu_reading(processes: Sequence[Any]) -> CpuUse:
-    pids = [pid for process in processes for pid in process_group(process.pid)]
-    return CpuUse(cpu_seconds(pids), cpu_seconds(store_pids()))
+    routing = [pid for process in processes for pid in process_group(process.pid)]
+    stores = [*pids_named("postgres"), *pids_named("redis-server")]
+    return CpuUse(sum(map(cpu_seconds, routing)), sum(map(cpu_seconds, stores)))
 
 
 def burner(fraction: float, log: Path) -> Any:
