@@ -283,7 +283,8 @@ return false
 # its enqueue time, its id), and let any replica claim it. It keeps its score unless the
 # queue's virtual time is now below it: its claim emptied the queue and ended the busy period
 # (the state went with it), and those who queued since started again from zero. It then
-# starts at the virtual time, ahead of them, instead of behind every tag of the new period.
+# starts at the virtual time, ahead of them, instead of behind every tag of the new period
+# (where an adopted generation always starts: `adoption.REQUEUE_ADOPTED`).
 REQUEUE = """
 local v = tonumber(redis.call('HGET', KEYS[3], 'V') or '0')
 local score = ARGV[1]

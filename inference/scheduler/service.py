@@ -370,7 +370,7 @@ class Scheduler:
                     break
             else:
                 # Every candidate filled up meanwhile (another replica), or the tier's share
-                # of each is full in tokens: back in line, same place.
+                # of each is full in tokens: back at the head of its line.
                 await self.redis.eval(
                     queue.REQUEUE,
                     5,
