@@ -171,11 +171,12 @@ def send_in(user: Any, conversation: Any, question: str) -> str | None:
 
     from chatsite.errors import ServiceError
     from conversations.turns import turn_send
+    from inference.errors import ErrorCode
 
     try:
         return str(turn_send(user=user, conversation=conversation, content=question).generation.id)
     except ServiceError as exc:
-        if exc.code != "high_demand":
+        if exc.code != ErrorCode.HIGH_DEMAND.value:
             raise
         return None
     finally:
@@ -327,12 +328,10 @@ async def run_side(
         scheduler.stop()
         await task
     outcome = Outcome(side=side, round=round_, unloaded_ms=[], tiers={}, seconds=seconds)
-    for row in await sync_to_async(rows_of)(unloaded):
-        if (ms := ttft_ms(row)) is not None:
-            outcome.unloaded_ms.append(ms)
-    for row in await sync_to_async(rows_of)(alone):
-        if (ms := ttft_ms(row)) is not None:
-            outcome.alone_ms.append(ms)
+    for ids, found in ((unloaded, outcome.unloaded_ms), (alone, outcome.alone_ms)):
+        for row in await sync_to_async(rows_of)(ids):
+            if (ms := ttft_ms(row)) is not None:
+                found.append(ms)
     for tier, ids, sent in (("free", free, free_sent), ("pro", pro, pro_sent)):
         tier_outcome = outcome.tiers.setdefault(tier, TierOutcome())
         if refused := len(sent) - len(ids):
