@@ -278,8 +278,9 @@ def _at(milliseconds_from_now: int) -> datetime:
 def usage_overview(*, user: User) -> UsageOverview:
     """What the usage page and `GET /api/v1/billing/usage` show."""
     plan = plan_for_user(user=user)
-    now = timezone.now()
-    now_ms = int(now.timestamp() * 1000)
+    # One clock for every figure of the page: the quota's (buckets, caps and slots read it).
+    now_ms = quota.now_ms()
+    now = datetime.fromtimestamp(now_ms / 1000, tz=UTC)
     period_start = month_start(now)
     start, end = period_bounds(period_start)
     pools = usage_by_pool(user=user, start=start, end=end)

@@ -13,6 +13,7 @@ from rest_framework.test import APIClient
 
 from billing import services
 from billing.models import Invoice, Plan, Statement, UsageEvent
+from billing.tests.conftest import QuotaClock
 from billing.tests.factories import price, subscribe
 from billing.tests.helpers import finish, send
 from conversations.models import Conversation
@@ -40,7 +41,7 @@ def used_one_message(api_client: APIClient, user: User, pool: ModelPool) -> str:
 
 
 def test_the_usage_page_shows_this_periods_cost_and_what_is_left(
-    api_client: APIClient, user: User, pool: ModelPool
+    api_client: APIClient, user: User, pool: ModelPool, quota_clock: QuotaClock
 ) -> None:
     subscribe(user, name="Plus", message_cap=5, requests_per_minute=30)
     used_one_message(api_client, user, pool)

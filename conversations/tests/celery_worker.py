@@ -8,10 +8,11 @@ would take kombu's queue bindings with it.
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+import threading
+from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
+from uuid import uuid4
 
 import pytest
 from celery.contrib.testing.worker import start_worker
@@ -20,6 +21,8 @@ from django.conf import settings
 from django.db import connections
 
 from chatsite.celery import app
+from chatsite.testing import DEFAULT_BUDGET
+from chatsite.testing import wait_until as wait_until  # where the Celery tests import it from
 
 
 def broker_url_for_tests() -> str:
@@ -73,13 +76,24 @@ def live_celery_worker(transactional_db: Any, django_db_blocker: Any) -> Iterato
         app._after_fork()
 
 
-def wait_until(condition: Callable[[], Any], *, within: float = 20.0) -> Any:
-    """Poll `condition` until it returns something truthy; fail after `within` seconds."""
-    deadline = time.monotonic() + within
-    while True:
-        result = condition()
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {within} s")
-        time.sleep(0.1)
+def wait_for_queued_tasks(*, within: float = DEFAULT_BUDGET) -> None:
+    """Return once the test's worker has run every task queued before this call.
+
+    The worker takes the one queue's tasks one at a time in the order they were queued (solo
+    pool, prefetch 1, a Redis list), so a marker task queued now runs only after all of them
+    have ended. A test that checks that something was *not* asked of the worker waits for
+    this, the event that makes its check meaningful, instead of sleeping.
+    """
+    marker = uuid4().hex
+    ran = threading.Event()
+
+    def _note(task_id: str | None = None, **_: Any) -> None:
+        if task_id == marker:
+            ran.set()
+
+    task_postrun.connect(_note, weak=False)
+    try:
+        app.send_task("celery.accumulate", args=("marker",), task_id=marker)
+        wait_until(ran.is_set, within=within, what="the worker running the tasks queued before")
+    finally:
+        task_postrun.disconnect(_note)

@@ -31,7 +31,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,6 +44,7 @@ from django.conf import settings
 from django.db import connection
 
 from chatsite import edge
+from chatsite.testing import wait_for as wait_for  # where the scheduler's tests import it from
 from chatsite.tests.edge_asgi import IN_FLIGHT_PATH, TASKS_PATH
 from inference import queue
 from inference.client import WorkerLoad, parse_metrics
@@ -93,18 +94,6 @@ async def running_schedulers(count: int = 1, **kwargs: Any) -> AsyncIterator[lis
         for replica in replicas:
             replica.stop()
         await asyncio.gather(*tasks, return_exceptions=True)
-
-
-async def wait_for(
-    condition: Callable[[], Awaitable[bool]], *, within: float = 15.0, every: float = 0.05
-) -> None:
-    """Poll `condition` until it holds; fail the test if it does not within `within` s."""
-    try:
-        async with asyncio.timeout(within):
-            while not await condition():  # noqa: ASYNC110 (the condition lives in other processes)
-                await asyncio.sleep(every)
-    except TimeoutError:
-        raise AssertionError(f"condition not met within {within} s") from None
 
 
 def stream_events(generation_id: Any) -> list[tuple[str, dict[str, Any]]]:
