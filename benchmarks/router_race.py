@@ -444,6 +444,7 @@ def router_command(name: str, policy: str, urls: list[str], port: int, venv: Pat
 @dataclass
 class Outcome:
     side: str
+    kind: str  # the side's: "router", "v1" or "conversations"
     answers: list[Answer]
     wall: float
     hit_rate: float
@@ -475,7 +476,9 @@ class Outcome:
 
 
 def stages_table(outcomes: list[Outcome]) -> str:
-    """Per service side: each stage's p50 / p90 over its traced answers, in ms."""
+    """Per service side: each stage's p50 / p90 over its traced answers, in ms. An answer is
+    traced only if its job was still there when its first text arrived (a short answer may be
+    over by then): `traced` says how many were, `-` stands where none was."""
     rows = [
         [
             o.side,
@@ -484,11 +487,13 @@ def stages_table(outcomes: list[Outcome]) -> str:
                 " / ".join(
                     f"{percentile([a.stages[stage] for a in o.traced()], q):,.0f}" for q in (50, 90)
                 )
+                if o.traced()
+                else "-"
                 for stage in STAGES
             ),
         ]
         for o in outcomes
-        if o.traced()
+        if o.kind != "router"
     ]
     return render(["side", "traced", *(f"{stage} p50/p90" for stage in STAGES)], rows)
 
@@ -523,6 +528,7 @@ async def play(
     requests = sum(a.requests - b.requests for a, b in zip(after, before, strict=True))
     return Outcome(
         side=side.name,
+        kind=side.kind,
         answers=[answer for answers in played for answer in answers],
         wall=wall,
         prompts=prompts,
@@ -758,7 +764,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     report = f"{facts}\n\n{table(outcomes)}"
     if speeds:
         report += "\n\nworkers' speed as the scheduler fitted it:\n" + "\n".join(speeds)
-    if any(o.traced() for o in outcomes):
+    if args.stages:
         report += (
             "\n\nwhere the service's first-token time went (ms; latency.py's stages; "
             "for the conversation API, `to client` includes the POST's answer and the stream's "

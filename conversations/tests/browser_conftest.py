@@ -31,6 +31,7 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
+from chatsite.testing import budget
 from inference import queue
 from inference.models import ModelPool, Worker
 from inference.tests.fake_worker import FakeWorker
@@ -52,6 +53,7 @@ __all__ = [
     "cuttable_proxy",
     "log_in",
     "open_chat",
+    "page_budget_ms",
     "scheduler",
     "screenshots",
     "scripted_workers",
@@ -69,12 +71,33 @@ CHROMIUM_ARGS = [
 PASSWORD = "correct horse battery staple"
 
 
-class ScriptedWorker(FakeWorker):
-    """A stand-in vLLM worker that streams the given pieces of text, one per chunk."""
+def page_budget_ms() -> float:
+    """How long the page is given to show what a test waits for (Playwright's milliseconds)."""
+    return budget(60) * 1000
 
-    def __init__(self, *, pieces: list[str], token_delay: float = 0.02) -> None:
+
+class ScriptedWorker(FakeWorker):
+    """A stand-in vLLM worker that streams the given pieces of text, one per chunk.
+
+    With `hold_after=n` it stops after the first n pieces until the test calls `go_on()`, so
+    that a test can see what the page shows at that point however slow the machine is.
+    """
+
+    def __init__(
+        self, *, pieces: list[str], token_delay: float = 0.02, hold_after: int | None = None
+    ) -> None:
         self.pieces = list(pieces)
+        self.hold_after = hold_after
+        self._go_on = threading.Event()
         super().__init__(tokens=len(pieces), token_delay=token_delay)
+
+    def go_on(self) -> None:
+        """Let an answer held at `hold_after` pieces go on."""
+        self._go_on.set()
+
+    def stop(self) -> None:
+        self._go_on.set()
+        super().stop()
 
     def _handler(self) -> Any:
         base: Any = super()._handler()
@@ -82,7 +105,10 @@ class ScriptedWorker(FakeWorker):
 
         class Handler(base):
             def _stream(self, body: dict[str, Any], mode: str) -> None:
-                for piece in worker.pieces:
+                for index, piece in enumerate(worker.pieces):
+                    if index == worker.hold_after:
+                        # Given up after the budget: the test then fails on what it expected.
+                        worker._go_on.wait(budget(120))
                     delta = {"content": piece}
                     self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
                     time.sleep(worker.token_delay)
@@ -104,8 +130,10 @@ def scripted_workers() -> Iterator[Callable[..., ScriptedWorker]]:
     """Start scripted stand-in workers; each is stopped after the test."""
     started: list[ScriptedWorker] = []
 
-    def start(*, pieces: list[str], token_delay: float = 0.02) -> ScriptedWorker:
-        worker = ScriptedWorker(pieces=pieces, token_delay=token_delay)
+    def start(
+        *, pieces: list[str], token_delay: float = 0.02, hold_after: int | None = None
+    ) -> ScriptedWorker:
+        worker = ScriptedWorker(pieces=pieces, token_delay=token_delay, hold_after=hold_after)
         worker.start()
         started.append(worker)
         return worker
@@ -312,8 +340,9 @@ def browser() -> Iterator[Any]:
 
     # Playwright's 5 s for an expectation is short on a 2-core machine whose vLLM workers,
     # edge and scheduler share it with the browser: a page that does what it should, late,
-    # would fail. A longer wait makes no test pass that should fail.
-    expect.set_options(timeout=15_000)
+    # would fail. An expectation returns as soon as the page shows what it waits for, so a
+    # budget for a slow machine (chatsite.testing) makes no test pass that should fail.
+    expect.set_options(timeout=page_budget_ms())
     previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
     os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
     playwright = sync_playwright().start()
@@ -378,6 +407,8 @@ def open_chat(browser: Any, live_edge: LiveEdge) -> Iterator[Callable[..., tuple
             **context_options,
         }
         context = browser.new_context(base_url=base_url, **options)
+        # Clicks, fills and navigations wait for their element or page within the same budget.
+        context.set_default_timeout(page_budget_ms())
         contexts.append(context)
         page = context.new_page()
         errors = console_errors(page)

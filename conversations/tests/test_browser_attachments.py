@@ -50,6 +50,8 @@ def test_files_attached_in_the_composer_go_with_the_message_and_a_refused_one_sa
     tray = page.get_by_role("list", name="Files to send")
     chips = tray.locator(".attachment-chip")
     expect(chips.locator(".attachment-name")).to_have_text(["notes.md", "report.pdf", "photo.txt"])
+    # Ready once uploaded, read and embedded (the edge embeds a small file in the request):
+    # within the page's budget for a slow machine (browser_conftest.page_budget_ms).
     expect(tray.locator('[data-state="ready"]')).to_have_count(2)
     refused = tray.locator('[data-state="refused"]')
     expect(refused.get_by_role("alert")).to_contain_text("neither UTF-8 text nor a PDF")

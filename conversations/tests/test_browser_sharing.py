@@ -20,7 +20,7 @@ from conversations.models import Feedback, Share
 from conversations.services import conversation_create
 from inference.tests.fixtures import LiveEdge
 
-from .browser_conftest import browser_user
+from .browser_conftest import browser_user, page_budget_ms
 from .factories import exchange
 from .test_browser import assert_inert, shot
 
@@ -40,6 +40,8 @@ def test_a_shared_link_opens_logged_out_with_the_messages_and_no_owner_data(
     page, errors = open_chat(chat_edge.url, user, permissions=["clipboard-read", "clipboard-write"])
     page.goto(f"{chat_edge.url}/c/{conversation.pk}")
     expect(page.locator("#conversation-title")).to_have_text("Weekend plans")
+    # The user shares what they see: the conversation's messages, once the page has them.
+    expect(page.locator(".message")).to_have_count(2)
 
     page.get_by_role("button", name="Share", exact=True).click()
     page.get_by_role("button", name="Create a link").click()
@@ -56,6 +58,7 @@ def test_a_shared_link_opens_logged_out_with_the_messages_and_no_owner_data(
 
     # A visitor with no session at all.
     visitor_context = browser.new_context()
+    visitor_context.set_default_timeout(page_budget_ms())
     try:
         visitor = visitor_context.new_page()
         response = visitor.goto(url)

@@ -567,7 +567,9 @@ const sidebarHandlers = {
 };
 const sidebar = new Sidebar(sidebarHandlers);
 new MessageSearch({ onOpenMessage: openMessage, onError: showError });
-new ShareDialog({ conversationId: () => state.conversation?.id ?? null });
+// The conversation on screen, or the one the page was opened at while it is still loading: a
+// Share clicked on a page served for /c/<id> before its messages arrive shares that one.
+new ShareDialog({ conversationId: () => state.conversation?.id ?? state.viewId ?? null });
 
 // Events of this user from the server (titles written in the background, deletions made in
 // another tab or by history retention). EventSource reconnects by itself with Last-Event-ID.
