@@ -31,6 +31,7 @@ TEST_ENV = DATABASE_URL=$${TEST_DATABASE_URL:-postgres://postgres@127.0.0.1:5432
 help:
 	@echo "make run    set up everything and start every process (prints the URL and a login)"
 	@echo "make test   lint, types and the whole suite against real Postgres, Redis and vLLM"
+	@echo "make test-slow  make test with one core kept busy, as on a slow machine"
 	@echo "make lint   ruff, mypy and the layering contracts (lint-imports) only"
 
 EXAMPLE_PLUGIN := examples/chatsite-example-plugin
@@ -107,6 +108,13 @@ test: venv services lint model browser routers-venv
 	$(TEST_ENV) $(PY) manage.py collectstatic --noinput --verbosity 0
 	$(TEST_ENV) CHATSITE_E2E_REQUIRED=1 $(VENV)/bin/pytest
 	$(TEST_ENV) $(VENV)/bin/pytest --redis-cluster $(CLUSTER_TESTS)
+
+# The same, as a slow machine runs it: one of the two cores kept busy by a burner process that
+# it starts and stops itself (BURN_CORES=n for more), so a contributor sees a slow afternoon's
+# result before CI does.
+.PHONY: test-slow
+test-slow:
+	scripts/test-slow.sh
 
 .PHONY: migrate
 migrate: venv model services $(DATA_DIR)/secret_key $(DATA_DIR)/plugins_encryption_key
