@@ -10,6 +10,8 @@ from pathlib import Path
 
 from django.conf import settings
 
+from chatsite.testing import budget
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -34,6 +36,7 @@ def run_benchmark(
         env=env,
         capture_output=True,
         text=True,
-        timeout=300,
+        # Only where a hung run gives up: a smoke run takes a minute or two on a quiet machine.
+        timeout=budget(900),
         check=False,
     )
