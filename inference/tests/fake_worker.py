@@ -9,6 +9,12 @@ calls, streamed in fragments as vLLM does, for `tool_rounds` rounds of one answe
 with `tool_choice: "none"`, it answers with text. With a `tool_trigger`, only questions that
 contain it get tool calls. `refuse_tools` plays a worker started
 without a tool-call parser.
+
+Its delays are the worker's pace, not waits for the test's sake: `token_delay` is the least
+time between two chunks (a slower machine only spaces them more). Where a test needs a
+request to wait for something rather than for a time, it waits on an event the test sets:
+`release()` ends every `first_token_delay` and `hang` at once, and a paused request
+(`pause_trigger`) goes on when the test sets `resume`.
 """
 
 from __future__ import annotations
@@ -35,8 +41,8 @@ class FakeWorker:
         refuse_tools: bool = False,
         tool_trigger: str = "",
         first_token_delay: float = 0.0,
+        first_token_gate: threading.Event | None = None,
         pause_trigger: str = "",
-        pause_seconds: float = 0.0,
         block_size: int = 0,
         prefix_cache: tuple[int, int] | None = None,
         answer: str = "",
@@ -48,12 +54,20 @@ class FakeWorker:
         self.prefix_cache = prefix_cache
         # With a block size, /metrics reports vLLM's cache_config_info (1,000 blocks of it).
         self.block_size = block_size
-        # Seconds before the first chunk: a request waiting in vLLM's queue behind a full batch.
+        # Seconds before the first chunk, at most (`release()` ends the wait): a request
+        # waiting in vLLM's queue behind a full batch.
         self.first_token_delay = first_token_delay
-        # A request whose messages contain `pause_trigger` goes silent for `pause_seconds`
-        # after its third token (preempted, or behind higher-priority work), then goes on.
+        # With a gate, every request holds its first chunk until the test sets it (then waits
+        # out `first_token_delay`): the requests stay before their first token for as long
+        # as the test needs them there.
+        self.first_token_gate = first_token_gate
+        # A request whose messages contain `pause_trigger` goes silent after its third token
+        # (preempted, or behind higher-priority work), sets `paused`, and goes on once the
+        # test sets `resume` (or the worker stops). The other requests hold their first token
+        # until one has paused: they are what the worker serves while it is silent.
         self.pause_trigger = pause_trigger
-        self.pause_seconds = pause_seconds
+        self.paused = threading.Event()
+        self.resume = threading.Event()
         self.tokens = tokens
         self.token_delay = token_delay
         self.tool_calls = tool_calls or []
@@ -80,8 +94,17 @@ class FakeWorker:
         self.thread.start()
         return self
 
-    def stop(self) -> None:
+    def release(self) -> None:
+        """End every wait before a first token (`first_token_delay`) and every hang, now."""
         self._release.set()
+
+    def stop(self) -> None:
+        # Every thread that waits on an event goes on, and ends with the server.
+        self._release.set()
+        self.paused.set()
+        self.resume.set()
+        if self.first_token_gate is not None:
+            self.first_token_gate.set()
         self.server.shutdown()
         self.server.server_close()
 
@@ -189,7 +212,7 @@ class FakeWorker:
                             "function": {"arguments": arguments[start : start + 5]},
                         }
                         self._event({"choices": [{"index": 0, "delta": {"tool_calls": [piece]}}]})
-                        time.sleep(worker.token_delay)
+                        time.sleep(worker.token_delay)  # the worker's pace (a least gap)
                 self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]})
                 self._event(
                     {
@@ -201,8 +224,18 @@ class FakeWorker:
                 self._chunk(b"")
 
             def _stream(self, body: dict[str, Any], mode: str) -> None:
+                if worker.first_token_gate is not None:
+                    worker.first_token_gate.wait(timeout=600)  # a backstop only
                 if worker.first_token_delay:
+                    # At most this long: the time a request waits in vLLM's own queue.
                     worker._release.wait(timeout=worker.first_token_delay)
+                paused = bool(worker.pause_trigger) and worker.pause_trigger in json.dumps(
+                    body.get("messages")
+                )
+                if worker.pause_trigger and not paused:
+                    # Until a request has gone silent (a backstop only: the test's own budget
+                    # for it is shorter).
+                    worker.paused.wait(timeout=600)
                 if self._calls_tools(body):
                     self._stream_tool_calls()
                     return
@@ -211,25 +244,24 @@ class FakeWorker:
                     if worker.answer
                     else min(worker.tokens, int(body.get("max_tokens") or worker.tokens))
                 )
-                paused = bool(worker.pause_trigger) and worker.pause_trigger in json.dumps(
-                    body.get("messages")
-                )
                 for index in range(count):
                     if paused and index == 3:
-                        time.sleep(worker.pause_seconds)
+                        worker.paused.set()
+                        worker.resume.wait(timeout=600)  # a backstop, as above
                     if mode == "die" and index == 3:
                         # Vanish without finishing the chunked body.
                         self.connection.shutdown(2)
                         return
                     if mode == "hang" and index == 3:
-                        worker._release.wait(timeout=60)
+                        # Until the test releases it or the worker stops (a backstop only).
+                        worker._release.wait(timeout=600)
                         return
                     if mode == "garbage" and index == 3:
                         self._chunk(b"data: {this is not json\n\n")
                         continue
                     delta = {"content": worker.answer or f"tok{index} "}
                     self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
-                    time.sleep(worker.token_delay)
+                    time.sleep(worker.token_delay)  # the worker's pace (a least gap)
                 finish = "length" if count < worker.tokens and not worker.answer else "stop"
                 self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": finish}]})
                 self._event(

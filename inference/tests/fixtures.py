@@ -30,7 +30,6 @@ import signal
 import socket
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Callable, Iterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -44,12 +43,14 @@ from django.conf import settings
 from django.db import connection
 
 from chatsite import edge
+from chatsite.testing import budget, wait_until
 from chatsite.testing import wait_for as wait_for  # where the scheduler's tests import it from
 from chatsite.tests.edge_asgi import IN_FLIGHT_PATH, TASKS_PATH
 from inference import queue
 from inference.client import WorkerLoad, parse_metrics
 from inference.models import ModelPool, Worker
 from inference.scheduler import Scheduler
+from inference.scheduler.housekeeping import Housekeeping
 
 from .fake_worker import FakeWorker
 
@@ -94,6 +95,53 @@ async def running_schedulers(count: int = 1, **kwargs: Any) -> AsyncIterator[lis
         for replica in replicas:
             replica.stop()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+
+@pytest.fixture
+def housekeeping_passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """When (`queue.now_ms`) each of the in-process replicas' looks for abandoned answers
+    began, once it has ended: a test that shows an answer outlived its grace waits for a
+    look that began past the grace (`housekeeping_past`) rather than sleeping through it."""
+    passes: list[int] = []
+    real = Housekeeping.cancel_abandoned
+
+    async def noted(self: Housekeeping) -> None:
+        began = queue.now_ms()
+        await real(self)
+        passes.append(began)
+
+    monkeypatch.setattr(Housekeeping, "cancel_abandoned", noted)
+    return passes
+
+
+async def housekeeping_past(passes: list[int], moment_ms: int) -> None:
+    """Until housekeeping has looked for abandoned answers at `moment_ms` or later: an answer
+    whose grace ran out by then would have been cancelled."""
+
+    async def looked() -> bool:
+        return any(began >= moment_ms for began in passes)
+
+    await wait_for(looked, what=f"a look for abandoned answers at {moment_ms} ms or later")
+
+
+async def watchers(generation_id: Any) -> int:
+    """How many clients read the generation's stream, as the edge has noted them."""
+    count = await sync_to_async(queue.sync_redis().get)(queue.watchers_key(generation_id))
+    return int(count or 0)
+
+
+async def unwatched_since(generation_id: Any) -> int:
+    """Once the edge has noted that nobody reads the generation's stream: since when (ms)."""
+    since: list[int] = []
+
+    async def noted() -> bool:
+        job = queue.job_key(generation_id)
+        value = await sync_to_async(queue.sync_redis().hget)(job, "detached_ms")
+        since[:] = [int(value)] if value is not None else []
+        return bool(since)
+
+    await wait_for(noted, what="the edge noting that nobody reads the stream")
+    return since[0]
 
 
 def stream_events(generation_id: Any) -> list[tuple[str, dict[str, Any]]]:
@@ -147,7 +195,7 @@ class RealWorker:
     log: Path | None
 
     def metrics(self) -> WorkerLoad:
-        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=5).text)
+        return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=budget(30)).text)
 
 
 def _start_real_workers(count: int, log_dir: Path) -> list[RealWorker]:
@@ -173,20 +221,22 @@ def _start_real_workers(count: int, log_dir: Path) -> list[RealWorker]:
             start_new_session=True,
         )
         workers.append(RealWorker(url=f"http://127.0.0.1:{port}", process=process, log=log))
-    deadline = time.monotonic() + 300
     for worker in workers:
         assert worker.process is not None and worker.log is not None
-        while True:
+
+        def up(worker: RealWorker = worker) -> bool:
+            assert worker.process is not None and worker.log is not None
             if worker.process.poll() is not None:
                 pytest.fail(f"vLLM worker exited early:\n{worker.log.read_text()[-3000:]}")
             try:
-                if httpx.get(f"{worker.url}/health", timeout=2).status_code == 200:
-                    break
+                return httpx.get(f"{worker.url}/health", timeout=budget(10)).status_code == 200
             except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(f"vLLM worker did not start:\n{worker.log.read_text()[-3000:]}")
-            time.sleep(1)
+                return False
+
+        try:
+            wait_until(up, within=300, every=1, what="the vLLM worker answering")
+        except AssertionError as exc:
+            pytest.fail(f"{exc}:\n{worker.log.read_text()[-3000:]}")
     return workers
 
 
@@ -208,7 +258,7 @@ def real_workers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Real
     for worker in workers:
         assert worker.process is not None
         try:
-            worker.process.wait(timeout=30)
+            worker.process.wait(timeout=budget(30))  # then killed: cleanup, not a check
         except subprocess.TimeoutExpired:
             os.killpg(worker.process.pid, signal.SIGKILL)
             worker.process.wait()
@@ -239,14 +289,18 @@ def busy_sessions(application_name: str, *, connected: bool = False) -> list[str
         return [f"pid {pid} ({state}): {query[:200]}" for pid, state, query in cursor.fetchall()]
 
 
-def wait_for_sessions_to_end(application_name: str, *, within: float = 15.0) -> None:
+def wait_for_sessions_to_end(application_name: str, *, within: float = 60.0) -> None:
     """After a process exited: until Postgres has ended its sessions too (a backend whose
     client was killed finishes the statement it is in, and holds its locks until then)."""
-    deadline = time.monotonic() + within
-    while sessions := busy_sessions(application_name, connected=True):
-        if time.monotonic() > deadline:
-            pytest.fail(f"{application_name} exited but its sessions remain: {sessions}")
-        time.sleep(0.05)
+    try:
+        wait_until(
+            lambda: not busy_sessions(application_name, connected=True),
+            within=within,
+            what=f"the sessions of {application_name} ended",
+        )
+    except AssertionError as exc:
+        sessions = busy_sessions(application_name, connected=True)
+        pytest.fail(f"{application_name} exited but its sessions remain ({exc}): {sessions}")
 
 
 @dataclass
@@ -263,40 +317,41 @@ class LiveEdge:
         return int(self._in_flight_report()["in_flight"])
 
     def _in_flight_report(self) -> dict[str, Any]:
-        response = httpx.get(f"{self.url}{IN_FLIGHT_PATH}", timeout=5)
+        response = httpx.get(f"{self.url}{IN_FLIGHT_PATH}", timeout=budget(30))
         report: dict[str, Any] = response.json()
         return report
 
-    def wait_until_idle(self, *, within: float = 30.0) -> None:
+    def wait_until_idle(self, *, within: float = 60.0) -> None:
         """Until the edge handles no request and none of its database sessions is busy.
 
         A request whose client left goes on in the edge (a stream left before its first token
         cancels the generation there), so the client being done says nothing about the edge.
         """
-        deadline = time.monotonic() + within
-        while True:
+
+        def idle() -> bool:
             if self.process.poll() is not None:
-                wait_for_sessions_to_end(self.application_name)
-                return
+                return True
+            return not self.in_flight() and not busy_sessions(self.application_name)
+
+        try:
+            wait_until(idle, within=within, what="the live edge idle")
+        except AssertionError as exc:
             in_flight = self.in_flight()
             sessions = busy_sessions(self.application_name)
-            if not in_flight and not sessions:
-                return
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"the live edge did not go idle within {within} s before the database "
-                    f"flush: {in_flight} request(s) in flight "
-                    f"({self._in_flight_report()['paths']}), busy sessions: {sessions}\n"
-                    f"edge log ({self.log}):\n{self.log.read_text()[-3000:]}\n"
-                    f"{self.stacks()}"
-                )
-            time.sleep(0.05)
+            pytest.fail(
+                f"{exc} before the database flush: {in_flight} request(s) in flight "
+                f"({self._in_flight_report()['paths']}), busy sessions: {sessions}\n"
+                f"edge log ({self.log}):\n{self.log.read_text()[-3000:]}\n"
+                f"{self.stacks()}"
+            )
+        if self.process.poll() is not None:
+            wait_for_sessions_to_end(self.application_name)
 
     def stacks(self) -> str:
         """Where the edge's asyncio tasks wait, and its threads' stacks (py-spy), to show why
         a request does not end."""
         try:
-            tasks = httpx.get(f"{self.url}{TASKS_PATH}", timeout=5).text
+            tasks = httpx.get(f"{self.url}{TASKS_PATH}", timeout=budget(30)).text
         except httpx.HTTPError as exc:
             tasks = f"(no answer: {exc})"
         py_spy = Path(sys.executable).parent / "py-spy"
@@ -305,7 +360,7 @@ class LiveEdge:
                 [str(py_spy), "dump", "--pid", str(self.process.pid)],
                 capture_output=True,
                 text=True,
-                timeout=30,
+                timeout=budget(30),  # a report of a failure already found
                 check=False,
             )
             dump = threads.stdout + threads.stderr
@@ -315,7 +370,7 @@ class LiveEdge:
 
     def stop(self) -> None:
         self.process.terminate()
-        self.process.wait(timeout=10)
+        self.process.wait(timeout=budget(60))
         wait_for_sessions_to_end(self.application_name)
 
 
@@ -353,15 +408,20 @@ def start_edge(log_dir: Path, **env_overrides: str) -> LiveEdge:
         stderr=subprocess.STDOUT,
     )
     url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while True:
+
+    def answers() -> bool:
+        if process.poll() is not None:
+            pytest.fail(f"the edge exited as it started:\n{log.read_text()[-3000:]}")
         try:
-            httpx.get(f"{url}/accounts/login/", timeout=1)
-            break
+            httpx.get(f"{url}/accounts/login/", timeout=budget(10))
         except httpx.HTTPError:
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the edge did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+            return False
+        return True
+
+    try:
+        wait_until(answers, within=120, every=0.2, what="the edge answering")
+    except AssertionError as exc:
+        pytest.fail(f"{exc}:\n{log.read_text()[-3000:]}")
     return LiveEdge(url=url, process=process, application_name=application_name, log=log)
 
 

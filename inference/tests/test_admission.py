@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from chatsite.redis import async_pubsub, async_redis
+from chatsite.testing import budget
 from inference import queue
 from inference.client import WorkerLoad, parse_metrics
 from inference.models import Worker
@@ -114,9 +115,10 @@ async def test_a_released_lease_wakes_every_replica(capacity: Capacity) -> None:
     pubsub = await async_pubsub(listener)
     await pubsub.subscribe(queue.wake_channel())
     try:
-        assert await pubsub.get_message(timeout=2) is not None  # the subscription itself
+        # The timeouts are failure points: a message returns at once.
+        assert await pubsub.get_message(timeout=budget(30)) is not None  # the subscription
         await capacity.release("a")
-        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=2)
+        message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=budget(30))
     finally:
         await pubsub.aclose()
         await listener.aclose()

@@ -14,6 +14,7 @@ import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -23,8 +24,10 @@ from django.contrib.auth.models import User
 
 from accounts.tests.factories import UserFactory
 from chatsite.redis import sync_redis
+from chatsite.testing import budget, wait_until
 from inference import queue
 from inference.models import Generation
+from inference.scheduler import adoption
 from inference.scheduler.adoption import Liveness
 
 from . import fixtures
@@ -61,6 +64,8 @@ def victim_scheduler(tmp_path: Path) -> Iterator[Any]:
             "DEBUG": "0",
             "SCHEDULER_HEALTH_INTERVAL_MS": "250",
             "SCHEDULER_REPLICA_TTL_SECONDS": str(TTL_SECONDS),
+            # Its answers pause on the worker until it is killed: no stall time ends them.
+            "SCHEDULER_STALL_SECONDS": "3600",
         }
         process = subprocess.Popen(  # noqa: S603 (our own command line)
             [sys.executable, "manage.py", "run_scheduler", "--replica-id", VICTIM],
@@ -72,11 +77,16 @@ def victim_scheduler(tmp_path: Path) -> Iterator[Any]:
         )
         started.append(process)
         redis = sync_redis()
-        deadline = time.monotonic() + 60
-        while not redis.exists(queue.replica_key(VICTIM)):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the scheduler did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+
+        def beating() -> bool:
+            if process.poll() is not None:
+                pytest.fail(f"the scheduler exited:\n{log.read_text()[-3000:]}")
+            return bool(redis.exists(queue.replica_key(VICTIM)))
+
+        try:
+            wait_until(beating, within=120, every=0.1, what="the victim scheduler beating")
+        except AssertionError as exc:
+            pytest.fail(f"{exc}:\n{log.read_text()[-3000:]}")
         return process
 
     yield start
@@ -134,7 +144,9 @@ async def test_a_dead_replicas_answer_goes_back_to_the_head_of_its_queue(
     assert redis.zscore(queue.replicas_key(), "gone") is None
 
 
-async def test_a_replica_that_beats_keeps_its_answers(user: User) -> None:
+async def test_a_replica_that_beats_keeps_its_answers(
+    user: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
     pool = await sync_to_async(register_pool)()
     await send(user)
     redis = sync_redis()
@@ -146,9 +158,12 @@ async def test_a_replica_that_beats_keeps_its_answers(user: User) -> None:
     liveness = _steady(Liveness(redis=queue.async_redis(), replica_id="adopter"))
     try:
         assert await liveness.adopt([]) == []
-        # Nor does a replica that has not yet beaten steadily for a full TTL judge anyone.
+        # Nor does a replica that has not yet beaten steadily for a full TTL judge anyone:
+        # steady since the moment its clock stands still at.
         redis.delete(queue.replica_key("slow"))
-        liveness._steady_since = time.monotonic()
+        now = time.monotonic()
+        monkeypatch.setattr(adoption, "time", SimpleNamespace(monotonic=lambda: now))
+        liveness._steady_since = now
         assert await liveness.adopt([]) == []
     finally:
         await liveness.redis.aclose()
@@ -192,7 +207,9 @@ async def test_answers_of_a_killed_replica_are_adopted_and_complete(
 ) -> None:
     settings.SCHEDULER_REPLICA_TTL_SECONDS = TTL_SECONDS
     tokens = 30
-    fake = fake_workers(tokens=tokens, token_delay=0.1)
+    # Each answer pauses after its third token until the victim is dead (`resume`): all are
+    # mid-way when it dies, however long they took to get there.
+    fake = fake_workers(tokens=tokens, token_delay=0.1, pause_trigger="A question")
     await sync_to_async(register_pool)(fake)
     process = await sync_to_async(victim_scheduler)()
     # Eight users: a free plan allows two answers at once.
@@ -207,12 +224,13 @@ async def test_answers_of_a_killed_replica_are_adopted_and_complete(
     async def all_mid_answer() -> bool:
         return all([await sync_to_async(mid_answer)(gid) for gid in ids])
 
-    await wait_for(all_mid_answer, within=60)
+    await wait_for(all_mid_answer)
     redis = sync_redis()
     assert {redis.hget(queue.job_key(gid), "owner") for gid in ids} == {VICTIM}
     os.killpg(process.pid, signal.SIGKILL)
     killed_at = time.monotonic()
     await sync_to_async(process.wait)()
+    fake.resume.set()  # the dead replica's requests end; the adopted ones do not pause
 
     async with running_schedulers() as (survivor,):
 
@@ -224,13 +242,13 @@ async def test_answers_of_a_killed_replica_are_adopted_and_complete(
                 ]
             )
 
-        await wait_for(all_restarted, within=30)
+        await wait_for(all_restarted)
         adopted_after = time.monotonic() - killed_at
 
         async def all_finished() -> bool:
             return all([await finished(gid) for gid in ids])
 
-        await wait_for(all_finished, within=60)
+        await wait_for(all_finished)
 
     answer = "".join(f"tok{i} " for i in range(tokens))
     complete = 0
@@ -251,7 +269,9 @@ async def test_answers_of_a_killed_replica_are_adopted_and_complete(
             assert generation.message.content == answer == text_after
             assert generation.attempts == 2
     assert complete >= 0.95 * len(ids)
-    # Every answer was adopted within the bound (the TTL here is 2 s).
-    assert adopted_after < 10, adopted_after
+    # Every answer was adopted within the bound (the TTL here is 2 s). A time bound
+    # is the claim itself; what it waits for is the TTL (Redis's own clock) and a second of
+    # the survivor's loop, so 10 s leaves a slow machine several times what it needs.
+    assert adopted_after < budget(10), adopted_after
     assert not redis.exists(queue.owned_key(VICTIM), queue.owned_key(survivor.replica_id))
     print(f"{complete}/{len(ids)} complete; every answer restarted {adopted_after:.1f} s after")

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import random
-import time
+import threading
 from collections import Counter
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -22,6 +22,7 @@ from django.test import Client
 
 from accounts.tests.factories import UserFactory
 from billing import quota
+from chatsite.testing import budget
 from inference import queue
 from inference.models import Generation, ModelPool, Worker
 
@@ -29,40 +30,19 @@ from .fake_worker import FakeWorker
 from .fixtures import (
     LiveEdge,
     finished,
+    housekeeping_past,
     register_pool,
     running_schedulers,
     send,
     send_turn,
     stream_events,
+    unwatched_since,
     wait_for,
+    watchers,
 )
-from .test_stream import Event, bearer, collect, read_events, stream_url
+from .test_stream import Event, bearer, collect, read_events, read_until, stream_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-async def read_until(
-    url: str, headers: dict[str, str], stop: Callable[[Event], bool]
-) -> tuple[list[Event], float]:
-    """Read a stream until an event for which `stop` holds, then hang up; returns the events
-    and the time just before the hang-up (the edge notes it later)."""
-    events: list[Event] = []
-    async with (
-        httpx.AsyncClient(timeout=30) as client,
-        client.stream("GET", url, headers=headers) as response,
-    ):
-        assert response.status_code == 200
-        lines: list[str] = []
-        async for line in response.aiter_lines():
-            lines.append(line)
-            if line != "":
-                continue
-            for event in read_events(iter(lines)):
-                events.append(event)
-                if stop(event):
-                    return events, time.time()
-            lines = []
-    raise AssertionError(f"the stream ended first: {[e.event for e in events]}")
 
 
 def running(event: Event) -> bool:
@@ -111,27 +91,48 @@ def in_use(user: User) -> int:
     return quota.concurrency_in_use(user_id=user.pk, now=quota.now_ms())
 
 
+def reading(generation_id: Any, count: int) -> Callable[[], Awaitable[bool]]:
+    """Whether the edge has noted `count` clients reading the generation's stream."""
+
+    async def check() -> bool:
+        return await watchers(generation_id) == count
+
+    return check
+
+
+# The grace a test's client comes back within: one or two local requests take far less, on
+# a slow machine too. Whether the answer outlived it is not judged by sleeping through it:
+# the test waits for housekeeping's first look past it (`housekeeping_past`).
+BACK_WITHIN = 3.0
+
+
 # Coming back in time
 
 
 async def test_a_queued_answer_whose_client_comes_back_in_time_is_answered(
-    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+    user: User,
+    fake_workers: Any,
+    live_edge: LiveEdge,
+    settings: Any,
+    housekeeping_passes: list[int],
 ) -> None:
-    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 1.5
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = BACK_WITHIN
     pool = await sync_to_async(register_pool)()  # no worker yet: the answer waits in line
     turn = await send(user)
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
     async with running_schedulers():
         first = await collect(url, headers, until="meta")
+        since = await unwatched_since(turn.generation.id)
         back = asyncio.create_task(collect(url, {**headers, "Last-Event-ID": last_id(first)}))
         try:
-            # Left alone, it would have been cancelled by now (grace, then housekeeping's
-            # second).
-            await asyncio.sleep(3)
+            await wait_for(reading(turn.generation.id, 1), what="the client back")
+            # Left alone, it would have been cancelled by now (housekeeping's look past the
+            # grace).
+            await housekeeping_past(housekeeping_passes, since + int(BACK_WITHIN * 1000))
             assert not await finished(turn.generation.id)
             await add_worker(pool, fake_workers(tokens=5))
-            rest = await asyncio.wait_for(back, timeout=30)
+            rest = await asyncio.wait_for(back, timeout=budget(60))
         finally:
             back.cancel()
             await asyncio.gather(back, return_exceptions=True)
@@ -142,17 +143,32 @@ async def test_a_queued_answer_whose_client_comes_back_in_time_is_answered(
 
 
 async def test_an_answer_on_a_worker_whose_client_comes_back_before_its_first_token_completes(
-    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+    user: User,
+    fake_workers: Any,
+    live_edge: LiveEdge,
+    settings: Any,
+    housekeeping_passes: list[int],
 ) -> None:
-    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 1.0
-    fake = fake_workers(tokens=5, first_token_delay=3.0)
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = BACK_WITHIN
+    # The worker holds the first token until the grace is past (`release`).
+    fake = fake_workers(tokens=5, first_token_delay=3600)
     await sync_to_async(register_pool)(fake)
     turn = await send(user)
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
     async with running_schedulers():
         first, _ = await read_until(url, headers, running)
-        rest = await collect(url, {**headers, "Last-Event-ID": last_id(first)})
+        since = await unwatched_since(turn.generation.id)
+        back = asyncio.create_task(collect(url, {**headers, "Last-Event-ID": last_id(first)}))
+        try:
+            await wait_for(reading(turn.generation.id, 1), what="the client back")
+            await housekeeping_past(housekeeping_passes, since + int(BACK_WITHIN * 1000))
+            assert not await finished(turn.generation.id)
+            fake.release()
+            rest = await asyncio.wait_for(back, timeout=budget(60))
+        finally:
+            back.cancel()
+            await asyncio.gather(back, return_exceptions=True)
     generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
     assert generation.status == Generation.Status.COMPLETE
     assert fake.aborted == 0
@@ -175,7 +191,7 @@ async def test_a_queued_answer_nobody_comes_back_for_is_cancelled_after_the_grac
         _, left_at = await read_until(
             stream_url(live_edge, turn.generation.id), headers, lambda e: e.event == "meta"
         )
-        await wait_for(lambda: finished(turn.generation.id), within=15)
+        await wait_for(lambda: finished(turn.generation.id))
     generation = await Generation.objects.aget(pk=turn.generation.id)
     assert generation.status == Generation.Status.CANCELLED
     assert generation.finished_at is not None
@@ -193,16 +209,19 @@ async def test_an_answer_on_a_worker_left_before_its_first_token_is_aborted_afte
     user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
 ) -> None:
     settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 1.0
-    settings.STREAM_GRACE_SECONDS = 60  # the first token comes meanwhile: still the short one
-    fake = fake_workers(tokens=2000, token_delay=0.01, first_token_delay=1.5)
+    settings.STREAM_GRACE_SECONDS = 3600  # the first token comes meanwhile: still the short one
+    # The first token is held until the edge has noted the client gone (`release`).
+    fake = fake_workers(tokens=2000, token_delay=0.01, first_token_delay=3600)
     await sync_to_async(register_pool)(fake)
     turn = await send(user)
     headers = await sync_to_async(bearer)(user)
     async with running_schedulers():
         _, left_at = await read_until(stream_url(live_edge, turn.generation.id), headers, running)
-        await wait_for(lambda: finished(turn.generation.id), within=15)
+        await unwatched_since(turn.generation.id)
+        fake.release()
+        await wait_for(lambda: finished(turn.generation.id))
         # The worker's request was closed (vLLM aborts it).
-        await wait_for(aborted(fake), within=10)
+        await wait_for(aborted(fake))
     generation = await Generation.objects.aget(pk=turn.generation.id)
     assert generation.status == Generation.Status.CANCELLED
     assert generation.finished_at is not None
@@ -216,13 +235,15 @@ async def test_an_answer_on_a_worker_left_before_its_first_token_is_aborted_afte
 async def test_stop_cancels_at_once_within_the_grace(
     user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
 ) -> None:
-    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 60.0
-    settings.STREAM_GRACE_SECONDS = 60
-    fake = fake_workers(tokens=5, first_token_delay=30.0)
+    # Graces, and a first token (released when the worker stops), that never come within
+    # the test: only the Stop can end the answer.
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 3600.0
+    settings.STREAM_GRACE_SECONDS = 3600
+    fake = fake_workers(tokens=5, first_token_delay=3600)
     pool = await sync_to_async(register_pool)()
     waiting = await send(user)
     headers = await sync_to_async(bearer)(user)
-    client = httpx.AsyncClient(base_url=live_edge.url, headers=headers, timeout=30)
+    client = httpx.AsyncClient(base_url=live_edge.url, headers=headers, timeout=budget(30))
     async with client:
         # Queued, its client gone a moment ago: Stop takes it out of line there and then.
         await collect(stream_url(live_edge, waiting.generation.id), headers, until="meta")
@@ -241,7 +262,7 @@ async def test_stop_cancels_at_once_within_the_grace(
                 stopped = await client.post(f"/api/v1/generations/{turn.generation.id}/cancel")
                 assert stopped.status_code == 200
                 # Long before either grace, and with its client still reading.
-                events = await asyncio.wait_for(watching, timeout=15)
+                events = await asyncio.wait_for(watching, timeout=budget(60))
             finally:
                 watching.cancel()
                 await asyncio.gather(watching, return_exceptions=True)
@@ -254,14 +275,14 @@ async def test_a_closing_page_stops_its_answer_at_once(
     user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
 ) -> None:
     # Graces far longer than the test: only the beacon itself may stop the answer.
-    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 60
-    settings.STREAM_GRACE_SECONDS = 60
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 3600
+    settings.STREAM_GRACE_SECONDS = 3600
     fake = fake_workers(tokens=2000, token_delay=0.01)
     await sync_to_async(register_pool)(fake)
     turn = await send(user)
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
-    async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
+    async with running_schedulers(), httpx.AsyncClient(timeout=budget(30)) as client:
         # As a closing tab does: the beacon while the page still reads the stream, then the
         # stream closes with the page.
         watching = asyncio.create_task(collect(f"{url}?page=closing", headers))
@@ -271,11 +292,11 @@ async def test_a_closing_page_stops_its_answer_at_once(
                 cancel_url(url), headers=headers, data={"leaving": "1", "page": "closing"}
             )
             assert left.status_code == 200
-            await wait_for(lambda: finished(turn.generation.id), within=15)
+            await wait_for(lambda: finished(turn.generation.id))
         finally:
             watching.cancel()
             await asyncio.gather(watching, return_exceptions=True)
-        await wait_for(aborted(fake), within=10)
+        await wait_for(aborted(fake))
     generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
     assert generation.status == Generation.Status.CANCELLED
     assert generation.message.content.startswith("tok0 ")
@@ -284,14 +305,14 @@ async def test_a_closing_page_stops_its_answer_at_once(
 async def test_a_closing_page_takes_its_queued_answer_out_of_line_at_once(
     user: User, live_edge: LiveEdge, settings: Any
 ) -> None:
-    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 60
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 3600
     await sync_to_async(register_pool)()  # no worker: the answer waits in line
     turn = await send(user)
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
     # The page's stream closed first (a tab going away closes its connections in any order).
     await collect(f"{url}?page=closing", headers, until="meta")
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=budget(30)) as client:
         left = await client.post(
             cancel_url(url), headers=headers, data={"leaving": "1", "page": "closing"}
         )
@@ -301,50 +322,83 @@ async def test_a_closing_page_takes_its_queued_answer_out_of_line_at_once(
 
 
 async def test_a_reloaded_page_keeps_its_answer(
-    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+    user: User,
+    fake_workers: Any,
+    live_edge: LiveEdge,
+    settings: Any,
+    housekeeping_passes: list[int],
 ) -> None:
-    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 2.0
-    fake = fake_workers(tokens=150, token_delay=0.02)
+    settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = BACK_WITHIN
+    settings.SCHEDULER_STALL_SECONDS = 3600  # the worker pauses for as long as the test needs
+    # The answer pauses after its third token until the grace is past: still running when
+    # housekeeping would have cancelled it.
+    fake = fake_workers(tokens=150, token_delay=0.02, pause_trigger="Hello")
     await sync_to_async(register_pool)(fake)
     turn = await send(user)
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
-    async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
+    async with running_schedulers(), httpx.AsyncClient(timeout=budget(30)) as client:
         first = await collect(f"{url}?page=old", headers, until="delta")
         # A reload: the browser asks for the new page, then the old one sends its beacon.
         cookies = await sync_to_async(session_cookies)(user)
-        async with httpx.AsyncClient(timeout=30, cookies=cookies) as browser:
+        async with httpx.AsyncClient(timeout=budget(30), cookies=cookies) as browser:
             assert (await browser.get(f"{live_edge.url}/")).status_code == 200
         left = await client.post(
             cancel_url(url), headers=headers, data={"leaving": "1", "page": "old"}
         )
         assert left.status_code == 200
+        since = await unwatched_since(turn.generation.id)
         # The reloaded page opens the stream again where it was.
-        rest = await collect(f"{url}?page=new", {**headers, "Last-Event-ID": last_id(first)})
+        new = asyncio.create_task(
+            collect(f"{url}?page=new", {**headers, "Last-Event-ID": last_id(first)})
+        )
+        try:
+            await wait_for(reading(turn.generation.id, 1), what="the reloaded page reading")
+            await housekeeping_past(housekeeping_passes, since + int(BACK_WITHIN * 1000))
+            assert not await finished(turn.generation.id)
+            fake.resume.set()
+            rest = await asyncio.wait_for(new, timeout=budget(60))
+        finally:
+            new.cancel()
+            await asyncio.gather(new, return_exceptions=True)
     assert rest[-1].data is not None and rest[-1].data["status"] == "complete"
     text = "".join(e.data["text"] for e in first + rest if e.event == "delta" and e.data)
     assert text == "".join(f"tok{i} " for i in range(150))
 
 
 async def test_a_page_going_away_leaves_the_answer_to_another_tab_still_reading(
-    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+    user: User,
+    fake_workers: Any,
+    live_edge: LiveEdge,
+    settings: Any,
+    housekeeping_passes: list[int],
 ) -> None:
     settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 1.0
-    fake = fake_workers(tokens=150, token_delay=0.02)
+    settings.SCHEDULER_STALL_SECONDS = 3600  # the worker pauses for as long as the test needs
+    # The answer pauses after its third token until the grace is past: still running when
+    # housekeeping would have cancelled it.
+    fake = fake_workers(tokens=150, token_delay=0.02, pause_trigger="Hello")
     await sync_to_async(register_pool)(fake)
     turn = await send(user)
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
-    async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
+    async with running_schedulers(), httpx.AsyncClient(timeout=budget(30)) as client:
         staying = asyncio.create_task(collect(f"{url}?page=staying", headers))
         try:
+            # The other tab reads before this one goes away.
+            await wait_for(reading(turn.generation.id, 1), what="the staying tab reading")
             await collect(f"{url}?page=closing", headers, until="delta")
             left = await client.post(
                 cancel_url(url), headers=headers, data={"leaving": "1", "page": "closing"}
             )
             assert left.status_code == 200
-            # Well past the short grace, the other tab still holds the answer.
-            full = await asyncio.wait_for(staying, timeout=30)
+            await wait_for(reading(turn.generation.id, 1), what="the closing tab's stream gone")
+            gone = queue.now_ms()
+            # Past the short grace, the other tab still holds the answer.
+            await housekeeping_past(housekeeping_passes, gone + 1 * 1000)  # the grace
+            assert not await finished(turn.generation.id)
+            fake.resume.set()
+            full = await asyncio.wait_for(staying, timeout=budget(60))
         finally:
             staying.cancel()
             await asyncio.gather(staying, return_exceptions=True)
@@ -360,7 +414,7 @@ async def test_a_stream_with_a_malformed_page_id_is_refused(
     turn = await send(user)
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
-    async with httpx.AsyncClient(timeout=30) as client:
+    async with httpx.AsyncClient(timeout=budget(30)) as client:
         refused = await client.get(f"{url}?page=no%20spaces", headers=headers)
         beacon = await client.post(
             cancel_url(url), headers=headers, data={"leaving": "1", "page": "a/b"}
@@ -495,8 +549,13 @@ async def test_random_drops_with_immediate_reconnects_cancel_nothing_and_lose_no
     settings.STREAM_FIRST_TOKEN_GRACE_SECONDS = 5.0
     settings.STREAM_GRACE_SECONDS = 30
     # Two answers at a time, each a moment on the worker before its first token: the others
-    # wait in line, so clients drop while queued, on the worker, and streaming.
-    fake = fake_workers(tokens=TOKENS, token_delay=0.02, first_token_delay=0.4)
+    # wait in line, so clients drop while queued, on the worker, and streaming. The first two
+    # stay before their first token until the clients have dropped often enough in line and
+    # on the worker (however fast they reconnect), then each answer's moment is 0.4 s.
+    dropped_enough = threading.Event()
+    fake = fake_workers(
+        tokens=TOKENS, token_delay=0.02, first_token_delay=0.4, first_token_gate=dropped_enough
+    )
     pool = await sync_to_async(register_pool)()
     await add_worker(pool, fake, max_concurrency=2)
     users: list[User] = [await sync_to_async(UserFactory.create)() for _ in range(ANSWERS)]
@@ -509,17 +568,32 @@ async def test_random_drops_with_immediate_reconnects_cancel_nothing_and_lose_no
         )
         for index, (each, turn) in enumerate(zip(users, turns, strict=True))
     ]
-    async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
-        reading = [asyncio.create_task(reader.read(client)) for reader in readers]
-        try:
-            async with asyncio.timeout(120):
-                await asyncio.gather(*reading)
-        finally:
-            for task in reading:
-                task.cancel()
-            await asyncio.gather(*reading, return_exceptions=True)
 
-    drops = sum((reader.drops for reader in readers), Counter[str]())
+    def all_drops() -> Counter[str]:
+        return sum((reader.drops for reader in readers), Counter[str]())
+
+    async def enough() -> bool:
+        drops = all_drops()
+        return drops.total() >= 200 and drops["queued"] >= 20 and drops["running"] >= 5
+
+    async def release_when_dropped_enough() -> None:
+        try:
+            await wait_for(enough, what="enough drops in line and on the worker")
+        finally:
+            dropped_enough.set()
+
+    async with running_schedulers(), httpx.AsyncClient(timeout=budget(30)) as client:
+        tasks = [asyncio.create_task(reader.read(client)) for reader in readers]
+        tasks.append(asyncio.create_task(release_when_dropped_enough()))
+        try:
+            async with asyncio.timeout(budget(300)):
+                await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    drops = all_drops()
     statuses = Counter(
         [status async for status in Generation.objects.values_list("status", flat=True)]
     )

@@ -13,6 +13,7 @@ import pytest
 from django.apps import apps
 from django.core.exceptions import ImproperlyConfigured
 
+from chatsite.testing import budget
 from inference.hooks import HookManager, InferenceHooks, load_hooks
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +91,7 @@ def test_a_process_refuses_to_start_with_a_bad_dotted_setting(setting: str, valu
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=budget(300),  # a failure point: it ends in seconds
         check=False,
     )
 

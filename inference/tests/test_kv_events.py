@@ -19,6 +19,7 @@ from asgiref.sync import sync_to_async
 from django.conf import settings
 
 from chatsite.redis import async_redis
+from chatsite.testing import budget
 from inference import prompts
 from inference.models import Generation, Worker
 from inference.scheduler import kv_events, prefix
@@ -64,7 +65,7 @@ class Publisher:
         assert self.process.stdin is not None
         self.process.stdin.close()
         try:
-            self.process.wait(timeout=10)
+            self.process.wait(timeout=budget(30))  # then killed: cleanup, not a check
         except subprocess.TimeoutExpired:
             self.process.kill()
             self.process.wait()
@@ -115,14 +116,15 @@ async def following(
         replay_endpoint=f"tcp://127.0.0.1:{publisher.replay_port}",
     )
     task = asyncio.create_task(subscriber.run())
+
     # PUB sends nothing to a subscriber before its subscription arrives: empty batches until
     # one gets through (the ones before are replayed, as any gap is).
-    for _ in range(100):
+    async def heard() -> bool:
         await asyncio.to_thread(publisher.send)
-        if subscriber.batches:
-            return subscriber, task
-        await asyncio.sleep(0.05)
-    raise AssertionError("the subscriber never heard the publisher")
+        return bool(subscriber.batches)
+
+    await wait_for(heard, what="the subscriber hearing the publisher")
+    return subscriber, task
 
 
 async def held(index: prefix.RedisIndex, tokens: list[int]) -> int:
@@ -140,14 +142,14 @@ async def test_stored_removed_and_cleared_blocks_shape_the_index(
     try:
         await asyncio.to_thread(publisher.send, stored(0, 3, tokens, parent=None))
         await asyncio.to_thread(publisher.send, stored(3, 2, tokens, parent=1002))
-        await wait_for(lambda: at(index, tokens, 5), within=10)
+        await wait_for(lambda: at(index, tokens, 5))
         # The index's own hashes of the same tokens: what placement matches a prompt against.
         assert await index.redis.zcard(prefix.index_key(WORKER)) == 5
 
         await asyncio.to_thread(publisher.send, {"removed": [1003]})
-        await wait_for(lambda: at(index, tokens, 3), within=10)
+        await wait_for(lambda: at(index, tokens, 3))
         await asyncio.to_thread(publisher.send, {"cleared": True})
-        await wait_for(lambda: at(index, tokens, 0), within=10)
+        await wait_for(lambda: at(index, tokens, 0))
         assert await index.redis.zcard(prefix.index_key(WORKER)) == 0
         assert subscriber.applier.orphans == 0
     finally:
@@ -163,7 +165,7 @@ async def test_a_lost_batch_is_replayed_before_the_one_after_it(
         await asyncio.to_thread(publisher.send, stored(0, 2, tokens, parent=None))
         await asyncio.to_thread(publisher.send, {"drop": True}, stored(2, 3, tokens, parent=1001))
         await asyncio.to_thread(publisher.send, stored(5, 2, tokens, parent=1004))
-        await wait_for(lambda: at(index, tokens, 7), within=10)
+        await wait_for(lambda: at(index, tokens, 7))
         # Without the replay the last batch's parent would be unknown: nothing orphaned.
         assert subscriber.replayed >= 1 and subscriber.applier.orphans == 0
     finally:
@@ -215,9 +217,9 @@ async def test_a_scheduler_follows_a_workers_events_and_stops_estimating_its_cac
             await asyncio.to_thread(publisher.send)
             return worker_id in scheduler.capacity.exact
 
-        await wait_for(following_events, within=20, every=0.1)
+        await wait_for(following_events, every=0.1)
         turn = await send(user)
-        await wait_for(lambda: finished(turn.generation.id), within=15)
+        await wait_for(lambda: finished(turn.generation.id))
         # The answer's prompt was not recorded as an estimate: the events alone fill the index.
         index = scheduler.capacity.index
         assert await index.redis.zcard(prefix.index_key(worker_id)) == 0
@@ -226,5 +228,5 @@ async def test_a_scheduler_follows_a_workers_events_and_stops_estimating_its_cac
         async def recorded() -> bool:
             return await index.redis.zcard(prefix.index_key(worker_id)) == 2
 
-        await wait_for(recorded, within=10)
+        await wait_for(recorded)
     assert (await Generation.objects.aget(pk=turn.generation.id)).status == "complete"

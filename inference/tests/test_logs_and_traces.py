@@ -25,6 +25,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 
 from accounts.services import api_key_create
 from chatsite import tracing
+from chatsite.testing import budget
 
 from .fixtures import finished, register_pool, running_schedulers, wait_for
 
@@ -202,7 +203,7 @@ async def test_spans_are_exported_over_otlp_http(
         tracing.use(provider)
         try:
             await _send(user)
-            assert provider.force_flush(timeout_millis=10_000)
+            assert provider.force_flush(timeout_millis=int(budget(60) * 1000))  # failure point
         finally:
             tracing.use(None)
             provider.shutdown()

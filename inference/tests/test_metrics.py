@@ -13,6 +13,7 @@ from django.conf import settings
 from prometheus_client.parser import text_string_to_metric_families
 
 from accounts.tests.factories import UserFactory
+from chatsite.testing import budget
 from inference.models import Generation
 
 from .fixtures import finished, register_pool, running_schedulers, send_turn, wait_for
@@ -46,7 +47,7 @@ Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]
 
 async def _scrape(port: int) -> tuple[set[str], Samples]:
     """The replica's metric families by name, and their samples by name and labels."""
-    async with httpx.AsyncClient() as client:
+    async with httpx.AsyncClient(timeout=budget(30)) as client:
         response = await client.get(f"http://127.0.0.1:{port}/metrics")
     assert response.status_code == 200
     families = list(text_string_to_metric_families(response.text))
@@ -63,7 +64,10 @@ async def test_a_real_answer_moves_the_slo_histograms(fake_workers: Any) -> None
     user = await sync_to_async(UserFactory)()
     port = _free_port()
     labels = (("pool", pool.name), ("tier", settings.DEFAULT_TIER))
-    async with running_schedulers(metrics_port=port), httpx.AsyncClient() as client:
+    async with (
+        running_schedulers(metrics_port=port),
+        httpx.AsyncClient(timeout=budget(30)) as client,
+    ):
         await wait_for(lambda: _ready(client, port))
         exported, before = await _scrape(port)
         turn = await sync_to_async(send_turn)(user)
@@ -105,7 +109,10 @@ async def test_a_rejected_answer_is_counted_by_its_reason(fake_workers: Any, set
     user = await sync_to_async(UserFactory)()
     port = _free_port()
     labels = (("pool", pool.name), ("reason", "queue_timeout"), ("tier", settings.DEFAULT_TIER))
-    async with running_schedulers(metrics_port=port), httpx.AsyncClient() as client:
+    async with (
+        running_schedulers(metrics_port=port),
+        httpx.AsyncClient(timeout=budget(30)) as client,
+    ):
         await wait_for(lambda: _listening(client, port))
         _, before = await _scrape(port)
         turn = await sync_to_async(send_turn)(user)
@@ -122,7 +129,10 @@ async def test_a_rejected_answer_is_counted_by_its_reason(fake_workers: Any, set
 async def test_scheduler_healthz_and_readyz(fake_workers: Any) -> None:
     await sync_to_async(register_pool)(fake_workers())
     port = _free_port()
-    async with running_schedulers(metrics_port=port), httpx.AsyncClient() as client:
+    async with (
+        running_schedulers(metrics_port=port),
+        httpx.AsyncClient(timeout=budget(30)) as client,
+    ):
         await wait_for(lambda: _ready(client, port))
         alive = await client.get(f"http://127.0.0.1:{port}/healthz")
         ready = await client.get(f"http://127.0.0.1:{port}/readyz")
@@ -152,7 +162,10 @@ async def test_scheduler_readyz_names_a_pool_without_a_healthy_worker(fake_worke
     fake.healthy = False
     pool = await sync_to_async(register_pool)(fake)
     port = _free_port()
-    async with running_schedulers(metrics_port=port) as (replica,), httpx.AsyncClient() as client:
+    async with (
+        running_schedulers(metrics_port=port) as (replica,),
+        httpx.AsyncClient(timeout=budget(30)) as client,
+    ):
         await wait_for(lambda: _worker_down(replica))
         await wait_for(lambda: _listening(client, port))
         ready = await client.get(f"http://127.0.0.1:{port}/readyz")
@@ -180,7 +193,8 @@ async def test_scheduler_readyz_is_503_when_its_redis_stops(
 ) -> None:
     await sync_to_async(register_pool)(fake_workers())
     port = _free_port()
-    async with running_schedulers(metrics_port=port), httpx.AsyncClient(timeout=10) as client:
+    client = httpx.AsyncClient(timeout=budget(30))  # a failure point
+    async with running_schedulers(metrics_port=port), client:
         await wait_for(lambda: _ready(client, port))
         own_redis.kill()
         ready = await client.get(f"http://127.0.0.1:{port}/readyz")

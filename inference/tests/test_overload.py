@@ -56,7 +56,10 @@ async def test_a_free_web_answer_that_waited_is_answered_by_the_fallback(
 ) -> None:
     settings.SCHEDULER_FALLBACK_AFTER_SECONDS = 0.3
     settings.SCHEDULER_TIER_SHARE = {"free": 1.0}
-    big_worker = fake_workers(tokens=1000, token_delay=0.02)  # busy for 20 s an answer
+    # An answer on the big worker pauses after its third token until the worker stops: it
+    # stays busy with one until the test cancels it, however long things take.
+    settings.SCHEDULER_STALL_SECONDS = 3600
+    big_worker = fake_workers(tokens=5, pause_trigger="Hello there")
     small_worker = fake_workers()
     big, small = await sync_to_async(pools)(big_worker, small_worker)
     await sync_to_async(price)(big, input_price=3_000_000, output_price=9_000_000)
@@ -66,17 +69,17 @@ async def test_a_free_web_answer_that_waited_is_answered_by_the_fallback(
     await sync_to_async(subscribe)(pro_user, tier="pro")
     first = await sync_to_async(send_to)(user, big)
     async with running_schedulers():
-        await wait_for(lambda: running(first.generation.id), within=10)
+        await wait_for(lambda: running(first.generation.id))
         waiting = await sync_to_async(send_to)(user, big)
         api = await sync_to_async(send_to)(user, big, source=Conversation.Source.API)
         paid = await sync_to_async(send_to)(pro_user, big)
-        await wait_for(lambda: finished(waiting.generation.id), within=15)
+        await wait_for(lambda: finished(waiting.generation.id))
         # The others still wait for the big model, past the fallback's delay.
         assert not await finished(api.generation.id)
         assert not await finished(paid.generation.id)
         for turn in (first, api, paid):
             await sync_to_async(services.generation_cancel)(generation=turn.generation)
-            await wait_for(partial(finished, turn.generation.id), within=10)
+            await wait_for(partial(finished, turn.generation.id))
 
     generation = await Generation.objects.select_related("message").aget(pk=waiting.generation.id)
     assert generation.status == Generation.Status.COMPLETE

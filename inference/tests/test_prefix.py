@@ -16,6 +16,7 @@ import pytest
 from django.conf import settings
 
 from chatsite.redis import async_redis
+from chatsite.testing import budget
 from inference import prompts, queue
 from inference.client import WorkerLoad
 from inference.models import Worker
@@ -311,7 +312,7 @@ def test_prompt_token_ids_are_the_workers() -> None:
         input=json.dumps(CONVERSATIONS),
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=budget(300),  # a failure point: it ends in seconds
         check=True,
         env={**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
     )

@@ -5,7 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import random
-from collections.abc import Iterator
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -15,6 +16,7 @@ from asgiref.sync import sync_to_async
 from django.contrib.auth.models import User
 
 from accounts.services import api_key_create
+from chatsite.testing import budget
 from conversations.services import conversation_create
 from conversations.turns import Turn, turn_send
 from inference import queue
@@ -22,11 +24,14 @@ from inference.models import Generation
 
 from .fixtures import (
     LiveEdge,
+    housekeeping_past,
     register_pool,
     running_schedulers,
     start_edge,
     stream_events,
+    unwatched_since,
     wait_for,
+    watchers,
 )
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -78,7 +83,7 @@ async def collect(url: str, headers: dict[str, str], *, until: str = "done") -> 
     events = []
     lines: list[str] = []
     async with (
-        httpx.AsyncClient(timeout=30) as client,
+        httpx.AsyncClient(timeout=budget(30)) as client,
         client.stream("GET", url, headers=headers) as response,
     ):
         assert response.status_code == 200
@@ -92,6 +97,34 @@ async def collect(url: str, headers: dict[str, str], *, until: str = "done") -> 
                     return events
             lines = []
     return events
+
+
+async def read_until(
+    url: str, headers: dict[str, str], stop: Callable[[Event], bool]
+) -> tuple[list[Event], float]:
+    """Read a stream until an event for which `stop` holds, then hang up; returns the events
+    and the time just before the hang-up (the edge notes it later)."""
+    events: list[Event] = []
+    async with (
+        httpx.AsyncClient(timeout=budget(30)) as client,
+        client.stream("GET", url, headers=headers) as response,
+    ):
+        assert response.status_code == 200
+        lines: list[str] = []
+        async for line in response.aiter_lines():
+            lines.append(line)
+            if line != "":
+                continue
+            for event in read_events(iter(lines)):
+                events.append(event)
+                if stop(event):
+                    return events, time.time()
+            lines = []
+    raise AssertionError(f"the stream ended first: {[e.event for e in events]}")
+
+
+def is_delta(event: Event) -> bool:
+    return event.event == "delta"
 
 
 async def finished(generation_id: Any) -> bool:
@@ -108,7 +141,9 @@ async def test_stream_replays_a_finished_generation_with_ids(
         await wait_for(lambda: finished(turn.generation.id))
     headers = await sync_to_async(bearer)(user)
 
-    with httpx.stream("GET", stream_url(live_edge, turn.generation.id), headers=headers) as resp:
+    with httpx.stream(
+        "GET", stream_url(live_edge, turn.generation.id), headers=headers, timeout=budget(30)
+    ) as resp:
         assert resp.status_code == 200
         assert resp.headers["content-type"].startswith("text/event-stream")
         assert resp.headers["cache-control"] == "no-cache"
@@ -188,7 +223,9 @@ async def test_heartbeats_flow_while_the_generation_waits(user: User, live_edge:
 
     def first_events() -> list[Event]:
         seen = []
-        with httpx.stream("GET", stream_url(live_edge, turn.generation.id), headers=headers) as r:
+        with httpx.stream(
+            "GET", stream_url(live_edge, turn.generation.id), headers=headers, timeout=budget(30)
+        ) as r:
             for event in read_events(r.iter_lines()):
                 seen.append(event)
                 if event.event == "comment":
@@ -209,12 +246,13 @@ async def test_leaving_after_the_first_token_cancels_after_the_grace_period(
     turn = await sync_to_async(_send)(user)
     headers = await sync_to_async(bearer)(user)
     async with running_schedulers():
-        await collect(stream_url(live_edge, turn.generation.id), headers, until="delta")
-        # Still running right after the client left: it may come back.
-        assert not await finished(turn.generation.id)
-        await wait_for(lambda: finished(turn.generation.id), within=10)
+        _, left_at = await read_until(stream_url(live_edge, turn.generation.id), headers, is_delta)
+        await wait_for(lambda: finished(turn.generation.id))
     generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
     assert generation.status == Generation.Status.CANCELLED
+    # Not at once when the client left (it may come back): only once the grace was up.
+    assert generation.finished_at is not None
+    assert generation.finished_at.timestamp() >= left_at + 1.0, "cancelled before the grace"
     assert generation.message.content.startswith("tok0")
 
     # The worker learns of the abort when its next write finds the connection closed, in its
@@ -222,22 +260,45 @@ async def test_leaving_after_the_first_token_cancels_after_the_grace_period(
     async def worker_aborted() -> bool:
         return fake.aborted == 1
 
-    await wait_for(worker_aborted, within=10)
+    await wait_for(worker_aborted)
 
 
 async def test_a_client_that_comes_back_in_time_keeps_the_generation(
-    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+    user: User,
+    fake_workers: Any,
+    live_edge: LiveEdge,
+    settings: Any,
+    housekeeping_passes: list[int],
 ) -> None:
-    settings.STREAM_GRACE_SECONDS = 2
-    fake = fake_workers(tokens=150, token_delay=0.02)
+    # Coming back takes one local request, far within the grace on a slow machine.
+    settings.STREAM_GRACE_SECONDS = 3
+    settings.SCHEDULER_STALL_SECONDS = 3600  # the worker pauses for as long as the test needs
+    # The answer pauses after its third token until the grace is past: it is still running
+    # when housekeeping would have cancelled it.
+    fake = fake_workers(tokens=150, token_delay=0.02, pause_trigger="Hello")
     await sync_to_async(register_pool)(fake)
     turn = await sync_to_async(_send)(user)
     headers = await sync_to_async(bearer)(user)
     url = stream_url(live_edge, turn.generation.id)
+    gid = turn.generation.id
     async with running_schedulers():
-        first = await collect(url, headers, until="delta")
+        first, _ = await read_until(url, headers, is_delta)
+        since = await unwatched_since(gid)
         last_seen = str([e for e in first if e.id][-1].id)
-        rest = await collect(url, {**headers, "Last-Event-ID": last_seen})
+        back = asyncio.create_task(collect(url, {**headers, "Last-Event-ID": last_seen}))
+        try:
+
+            async def watched() -> bool:
+                return await watchers(gid) == 1
+
+            await wait_for(watched, what="the client back")
+            await housekeeping_past(housekeeping_passes, since + 3 * 1000)  # the grace
+            assert not await finished(gid)
+            fake.resume.set()
+            rest = await back
+        finally:
+            back.cancel()
+            await asyncio.gather(back, return_exceptions=True)
     assert rest[-1].event == "done"
     assert rest[-1].data is not None and rest[-1].data["status"] == "complete"
     text = "".join(e.data["text"] for e in first + rest if e.event == "delta" and e.data)
@@ -251,13 +312,15 @@ async def test_another_users_stream_is_not_found(
     turn = await sync_to_async(_send)(user)
     url = stream_url(live_edge, turn.generation.id)
     other_headers = await sync_to_async(bearer)(other_user)
-    response = await sync_to_async(httpx.get)(url, headers=other_headers)
+    response = await sync_to_async(httpx.get)(url, headers=other_headers, timeout=budget(30))
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "not_found"
-    anonymous = await sync_to_async(httpx.get)(url)
+    anonymous = await sync_to_async(httpx.get)(url, timeout=budget(30))
     assert anonymous.status_code == 401
     bad_id = await sync_to_async(httpx.get)(
-        url, headers={**(await sync_to_async(bearer)(user)), "Last-Event-ID": "x"}
+        url,
+        headers={**(await sync_to_async(bearer)(user)), "Last-Event-ID": "x"},
+        timeout=budget(30),
     )
     assert bad_id.status_code == 400
 
@@ -280,7 +343,7 @@ async def test_random_drops_and_resumes_reassemble_the_stored_text_exactly(
     text = ""
     last_id: str | None = None
     drops = 0
-    async with running_schedulers(), httpx.AsyncClient(timeout=30) as client:
+    async with running_schedulers(), httpx.AsyncClient(timeout=budget(30)) as client:
 
         async def first_token() -> bool:
             events = await sync_to_async(stream_events)(turn.generation.id)
@@ -322,23 +385,43 @@ async def test_random_drops_and_resumes_reassemble_the_stored_text_exactly(
 
 
 async def test_two_tabs_watch_one_generation_and_one_leaving_does_not_cancel_it(
-    user: User, fake_workers: Any, live_edge: LiveEdge, settings: Any
+    user: User,
+    fake_workers: Any,
+    live_edge: LiveEdge,
+    settings: Any,
+    housekeeping_passes: list[int],
 ) -> None:
     settings.STREAM_GRACE_SECONDS = 1
-    fake = fake_workers(tokens=250, token_delay=0.02)
+    settings.SCHEDULER_STALL_SECONDS = 3600  # the worker pauses for as long as the test needs
+    # The answer pauses after its third token until the grace is past: it is still running
+    # when housekeeping would have cancelled it.
+    fake = fake_workers(tokens=250, token_delay=0.02, pause_trigger="Hello")
     pool = await sync_to_async(register_pool)(fake)
     pool.max_output_tokens = 250
     await pool.asave(update_fields=["max_output_tokens"])
     turn = await sync_to_async(_send)(user)
+    gid = turn.generation.id
     headers = await sync_to_async(bearer)(user)
-    url = stream_url(live_edge, turn.generation.id)
+    url = stream_url(live_edge, gid)
+
+    async def one_tab() -> bool:
+        return await watchers(gid) == 1
+
     async with running_schedulers():
         staying = asyncio.create_task(collect(url, headers))
-        leaving = await collect(url, headers, until="delta")
-        # Well past the grace period, the remaining tab still holds the generation.
-        await asyncio.sleep(2.5)
-        assert not await finished(turn.generation.id)
-        full = await staying
+        try:
+            await wait_for(one_tab, what="the staying tab reading")
+            leaving = await collect(url, headers, until="delta")
+            await wait_for(one_tab, what="the edge noting the other tab left")
+            left = queue.now_ms()
+            # Past the grace period, the remaining tab still holds the generation.
+            await housekeeping_past(housekeeping_passes, left + 1 * 1000)  # the grace
+            assert not await finished(gid)
+            fake.resume.set()
+            full = await staying
+        finally:
+            staying.cancel()
+            await asyncio.gather(staying, return_exceptions=True)
     assert full[-1].event == "done"
     assert full[-1].data is not None and full[-1].data["status"] == "complete"
     ids = [e.id for e in full if e.id]

@@ -12,19 +12,33 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from chatsite.redis import async_redis
 from chatsite.stream_events import StreamEvent
+from chatsite.testing import budget
 from inference import queue
 from inference.scheduler.writer import StreamLost, StreamWriter
 
 
 class FlakyRedis:
     """A real client whose first `failures` pipelines time out: before they reach Redis, or
-    (`apply_failed`) after Redis ran them, as a paused Redis does when it resumes."""
+    (`apply_failed`) after Redis ran them, as a paused Redis does when it resumes. With
+    `back`, every pipeline times out until that event is set: Redis away for as long as the
+    test says."""
 
-    def __init__(self, redis: Any, *, failures: int, apply_failed: bool = False) -> None:
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        failures: int = 0,
+        apply_failed: bool = False,
+        back: asyncio.Event | None = None,
+    ) -> None:
         self.redis = redis
         self.failures = failures
         self.apply_failed = apply_failed
+        self.back = back
         self.failed = 0
+
+    def away(self) -> bool:
+        return self.failed < self.failures or (self.back is not None and not self.back.is_set())
 
     def pipeline(self, **kwargs: Any) -> Any:
         flaky = self
@@ -44,7 +58,7 @@ class FlakyRedis:
                 return getattr(self.inner, name)
 
             async def execute(self, **options: Any) -> Any:
-                if flaky.failed < flaky.failures:
+                if flaky.away():
                     flaky.failed += 1
                     if flaky.apply_failed:
                         await self.inner.execute(**options)
@@ -92,20 +106,25 @@ async def test_while_redis_is_away_events_are_held_and_then_appended_in_order(
     settings: Any,
 ) -> None:
     redis = async_redis()
-    away = FlakyRedis(redis, failures=3)
+    back = asyncio.Event()
+    away = FlakyRedis(redis, back=back)
     writer = StreamWriter(away)
     try:
-        # Each caller goes on at once while Redis does not answer.
+        # Each caller goes on while Redis does not answer: it stays away until every one has
+        # (a caller that waited for Redis would wait out the budget).
         for piece in range(5):
             await asyncio.wait_for(
-                writer.event("writer-held", StreamEvent.DELTA, {"text": str(piece)}), timeout=2
+                writer.event("writer-held", StreamEvent.DELTA, {"text": str(piece)}),
+                timeout=budget(30),
             )
-        await asyncio.wait_for(writer.drained("writer-held"), timeout=10)
+        assert away.failed >= 1
+        assert await redis.xlen(queue.stream_key("writer-held")) == 0  # all held
+        back.set()
+        await asyncio.wait_for(writer.drained("writer-held"), timeout=budget(30))
         entries: Any = await redis.xrange(queue.stream_key("writer-held"))
         assert [fields["data"] for _, fields in entries] == [
             f'{{"text": "{piece}"}}' for piece in range(5)
         ]
-        assert away.failed == 3
     finally:
         await redis.aclose()
 
@@ -136,13 +155,14 @@ async def test_past_the_outage_limit_the_held_events_are_dropped_and_their_answe
 
     writer = StreamWriter(Gone())
     await writer.event("a", StreamEvent.DELTA, {"text": "x"})  # held
+    # The budgets are failure points: the writer gives up 0.3 s into the outage.
     with pytest.raises(StreamLost):
-        await asyncio.wait_for(writer.drained("a"), timeout=5)
+        await asyncio.wait_for(writer.drained("a"), timeout=budget(30))
     # Another generation's events are tried again from scratch.
     second = asyncio.ensure_future(writer.event("b", StreamEvent.DELTA, {"text": "y"}))
-    await asyncio.wait_for(second, timeout=2)  # held again, its caller goes on
+    await asyncio.wait_for(second, timeout=budget(30))  # held again, its caller goes on
     with pytest.raises(StreamLost):
-        await asyncio.wait_for(writer.drained("b"), timeout=5)
+        await asyncio.wait_for(writer.drained("b"), timeout=budget(30))
 
 
 async def test_a_cancelled_caller_does_not_stop_the_others() -> None:
@@ -151,7 +171,7 @@ async def test_a_cancelled_caller_does_not_stop_the_others() -> None:
     try:
         first = asyncio.ensure_future(writer.event("writer-c1", StreamEvent.DELTA, {"text": "1"}))
         second = asyncio.ensure_future(writer.event("writer-c2", StreamEvent.DELTA, {"text": "2"}))
-        await asyncio.sleep(0)
+        await asyncio.sleep(0)  # one turn of the loop: both have queued their entries
         first.cancel()
         await second
         with pytest.raises(asyncio.CancelledError):
