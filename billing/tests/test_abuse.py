@@ -12,6 +12,7 @@ from rest_framework.test import APIClient
 from billing.tests.factories import subscribe
 from billing.tests.helpers import send
 from chatsite.testing import assert_error
+from chatsite.tests.ratelimit_window import one_ratelimit_window
 from conversations.services import conversation_create
 from inference.models import ModelPool
 
@@ -19,9 +20,8 @@ pytestmark = pytest.mark.django_db
 
 
 @pytest.fixture(autouse=True)
-def _tight_rates(settings: Any) -> None:
-    # Hourly windows: django-ratelimit's windows are fixed buckets, and a per-minute one can
-    # roll over between a test's requests and reset the count.
+def _tight_rates(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    one_ratelimit_window(monkeypatch)  # no window ends between the test's requests
     settings.BILLING_ABUSE_RATES = {
         "login": "3/h",
         "signup": "2/h",

@@ -19,11 +19,13 @@ from inference.models import Generation, ModelPool
 pytestmark = pytest.mark.django_db
 
 
+@pytest.mark.usefixtures("quota_clock")
 def test_a_retry_with_the_same_key_answers_the_same_turn_and_is_charged_once(
     api_client: APIClient, user: User, conversation: Conversation
 ) -> None:
     subscribe(user, requests_per_minute=10)
 
+    # The quota's clock stands still: the bucket does not refill between the two answers.
     first = send(api_client, conversation, HTTP_IDEMPOTENCY_KEY="k-1")
     retry = send(api_client, conversation, HTTP_IDEMPOTENCY_KEY="k-1")
 

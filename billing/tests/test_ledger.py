@@ -4,7 +4,7 @@ the generations, and a reconciler that repairs what a crash left behind."""
 from __future__ import annotations
 
 import uuid
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -36,6 +36,11 @@ def new_turn(client: APIClient, user: User, pool: ModelPool) -> str:
 
 def later(seconds: int = 3600) -> Any:
     return timezone.now() + timedelta(seconds=seconds)
+
+
+def at(milliseconds: float) -> datetime:
+    """The quota's clock (epoch milliseconds) as the reconciler's `now`."""
+    return datetime.fromtimestamp(milliseconds / 1000, tz=UTC)
 
 
 def test_cost_is_rounded_up_once_per_generation() -> None:
@@ -220,7 +225,8 @@ def test_reconcile_releases_a_reservation_whose_generation_never_committed(user:
     )
     assert outcome.admitted
 
-    assert services.usage_reconcile(now=timezone.now()).reservations_released == 0  # too young
+    # Too young: looked at the moment it was made, however long the test has taken since.
+    assert services.usage_reconcile(now=at(now)).reservations_released == 0
     report = services.usage_reconcile(now=later())
 
     assert report.reservations_released == 1
@@ -233,14 +239,19 @@ def test_reconcile_keeps_the_slot_of_an_answer_still_in_flight(
     api_client: APIClient, user: User, pool: ModelPool
 ) -> None:
     generation_id = new_turn(api_client, user, pool)
-    ttl = django_settings.BILLING_SLOT_TTL_SECONDS
+    ttl_ms = django_settings.BILLING_SLOT_TTL_SECONDS * 1000
+    first_expiry = quota.client().zscore(quota.concurrency_key(user.pk), generation_id)
+    assert first_expiry is not None
+    reserved_at = first_expiry - ttl_ms
 
-    report = services.usage_reconcile(now=later(ttl - 10))
+    # Ten seconds before the slot would run out, on the clock that reserved it (not the time
+    # the test happens to take).
+    report = services.usage_reconcile(now=at(reserved_at + ttl_ms - 10_000))
 
     assert report.slots_kept == 1
     # Renewed from the reconciler's clock: still held past the first expiry.
     expiry = quota.client().zscore(quota.concurrency_key(user.pk), generation_id)
-    assert expiry is not None and expiry > (later(ttl).timestamp() * 1000)
+    assert expiry is not None and expiry > first_expiry
 
 
 def test_reconcile_puts_back_cap_entries_redis_lost_and_removes_strays(

@@ -6,6 +6,7 @@ import threading
 import uuid
 
 from billing import quota
+from chatsite.testing import budget
 
 T0 = 1_900_000_000_000  # ms; any instant works, the scripts only see what they are given
 USER = 7
@@ -236,7 +237,8 @@ def test_200_concurrent_reservations_against_a_cap_of_10_admit_exactly_10() -> N
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=30)
+        thread.join(timeout=budget(60))  # the failure point only
+    assert not any(thread.is_alive() for thread in threads), "a reservation never returned"
 
     admitted = [o for o in outcomes if o is not None and o.admitted]
     refused = [o for o in outcomes if o is not None and not o.admitted]

@@ -17,6 +17,7 @@ from accounts.services import api_key_create
 from billing import quota
 from billing.tests.factories import subscribe
 from billing.tests.helpers import send
+from chatsite.testing import budget
 from conversations.services import conversation_create
 from inference.models import Generation, ModelPool
 
@@ -46,7 +47,8 @@ def run_at_once(calls: list[Callable[[], Any]], threads: int = THREADS) -> list[
     for thread in pool:
         thread.start()
     for thread in pool:
-        thread.join(timeout=120)
+        thread.join(timeout=budget(240))  # the failure point only
+    assert not any(thread.is_alive() for thread in pool), "a call never returned"
     return outcomes
 
 

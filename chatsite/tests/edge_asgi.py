@@ -72,6 +72,8 @@ class InFlightCounter:
         async def delayed() -> dict[str, Any]:
             message: dict[str, Any] = await receive()
             if message["type"] in {"http.disconnect", "websocket.disconnect"}:
+                # The slowness under test (an edge late to notice), not a wait: the suite waits
+                # for the edge to go idle, however long this and the machine take.
                 await asyncio.sleep(self.disconnect_delay)
             return message
 

@@ -11,7 +11,6 @@ import shutil
 import socket
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
@@ -19,10 +18,16 @@ from pathlib import Path
 from redis import Redis
 from redis.exceptions import RedisError
 
+from chatsite.testing import budget, wait_until
+
 MASTERS = 3
 # A cluster node also listens on its port + 10000 (the cluster bus).
 BUS_OFFSET = 10_000
-READY_SECONDS = 30.0
+# The budget for each step of the start (scaled): only the point where a start that is not
+# coming is reported; a node that is ready is taken at once.
+READY_SECONDS = 60.0
+# A node's answer to one probe (each probe that fails is simply asked again).
+PROBE_SECONDS = 5.0
 
 
 def _free(port: int) -> bool:
@@ -78,7 +83,7 @@ class LocalCluster:
                 ],
                 check=True,
                 capture_output=True,
-                timeout=READY_SECONDS,
+                timeout=budget(READY_SECONDS),
             )
             for port in self.ports:
                 self._until(partial(self._ready, port), f"node {port} to be ready")
@@ -92,6 +97,7 @@ class LocalCluster:
             process.terminate()
         for process in self.processes:
             try:
+                # Then killed: a node slow to exit costs no failure.
                 process.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 process.kill()
@@ -119,22 +125,28 @@ class LocalCluster:
 
     def _ping(self, port: int) -> bool:
         try:
-            with Redis(port=port, socket_timeout=1) as node:
+            with Redis(port=port, socket_timeout=budget(PROBE_SECONDS)) as node:
                 return bool(node.ping())
         except RedisError:  # not listening yet
             return False
 
     def _ready(self, port: int) -> bool:
-        with Redis(port=port, socket_timeout=1, decode_responses=True) as node:
-            info = node.execute_command("CLUSTER", "INFO")
+        try:
+            with Redis(
+                port=port, socket_timeout=budget(PROBE_SECONDS), decode_responses=True
+            ) as node:
+                info = node.execute_command("CLUSTER", "INFO")
+        except RedisError:  # asked again
+            return False
         return "cluster_state:ok" in str(info)
 
     def _until(self, condition: Callable[[], bool], what: str) -> None:
-        """Poll a readiness condition (not a timing assumption): fail after READY_SECONDS."""
-        deadline = time.monotonic() + READY_SECONDS
-        while not condition():
+        """Poll a readiness condition (not a timing assumption); fail at once if a node
+        exited, or after the budget."""
+
+        def met() -> bool:
             if any(process.poll() is not None for process in self.processes):
                 raise RuntimeError(f"a redis-server of the cluster exited waiting for {what}")
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the local Redis Cluster timed out waiting for {what}")
-            time.sleep(0.05)
+            return condition()
+
+        wait_until(met, within=READY_SECONDS, what=f"the local Redis Cluster: {what}")

@@ -10,6 +10,7 @@ from django.test import Client
 
 from accounts.tests.factories import UserFactory
 from chatsite.testing import assert_error
+from chatsite.tests.ratelimit_window import one_ratelimit_window
 
 pytestmark = pytest.mark.django_db
 
@@ -17,10 +18,9 @@ PASSWORD = "correct horse battery staple"  # the factory's
 
 
 @pytest.fixture(autouse=True)
-def _tight_login_rate(settings: Any) -> None:
-    # An hourly window: django-ratelimit's windows are fixed buckets, and a per-minute one
-    # can roll over between a test's requests and reset the count.
+def _tight_login_rate(settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     settings.BILLING_ABUSE_RATES = {**settings.BILLING_ABUSE_RATES, "login": "3/h"}
+    one_ratelimit_window(monkeypatch)  # no window ends between the test's requests
 
 
 @pytest.fixture

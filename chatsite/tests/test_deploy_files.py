@@ -27,6 +27,8 @@ import pytest
 import yaml
 from django.conf import settings
 
+from chatsite.testing import budget
+
 ROOT = Path(settings.BASE_DIR)
 DEPLOY = ROOT / "deploy"
 DOCKERFILES = sorted((DEPLOY / "docker").glob("Dockerfile.*"))
@@ -61,8 +63,9 @@ def tool(name: str) -> str:
 
 
 def run(*argv: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    # The budget is the failure point only: a hung linter.
     return subprocess.run(  # noqa: S603 (the project's own linters, fixed arguments)
-        argv, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False, env=env
+        argv, cwd=ROOT, capture_output=True, text=True, timeout=budget(120), check=False, env=env
     )
 
 

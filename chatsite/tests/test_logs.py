@@ -18,6 +18,7 @@ from django.test import AsyncClient, Client
 from opentelemetry import trace
 
 from chatsite import logs, tracing
+from chatsite.testing import budget
 
 NEW_ID = r"[0-9a-f]{32}"
 
@@ -99,7 +100,7 @@ def test_log_format_json_writes_lines_that_carry_the_ids(tmp_path: Any) -> None:
         env=env,
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=budget(120),  # the failure point only: a hung interpreter
         check=True,
     )
     lines = [json.loads(line) for line in done.stderr.splitlines() if line.strip()]

@@ -18,11 +18,14 @@ from accounts.models import ApiKey
 from accounts.services import api_key_create
 from accounts.tests.factories import UserFactory
 from chatsite.redis import sync_redis
+from chatsite.testing import budget
 from conversations.events import user_events_key
 from inference.models import ModelPool, Worker
 from inference.tests.fixtures import LiveEdge, start_edge
 from inference.tests.test_redis_outage import RedisServer
 
+# Each request's failure point only (a scaled budget): an edge answers these at once.
+TIMEOUT = budget(30)
 # What an edge exports as it starts, whatever it has served (the edge's own metrics and the
 # inference plane's counters it may count: a Stop, a refusal under pressure).
 EDGE_METRICS = {
@@ -41,8 +44,8 @@ def test_healthz_and_readyz_answer_ok(live_edge: LiveEdge) -> None:
     pool = ModelPool.objects.create(name="ready-pool", served_model="m")
     Worker.objects.create(pool=pool, name="w1", url="http://10.0.0.1:8000", state="healthy")
 
-    alive = httpx.get(f"{live_edge.url}/healthz", timeout=5)
-    ready = httpx.get(f"{live_edge.url}/readyz", timeout=5)
+    alive = httpx.get(f"{live_edge.url}/healthz", timeout=TIMEOUT)
+    ready = httpx.get(f"{live_edge.url}/readyz", timeout=TIMEOUT)
 
     assert alive.status_code == 200
     assert alive.json() == {"status": "ok"}
@@ -60,7 +63,7 @@ def test_readyz_names_an_active_pool_without_a_healthy_worker(live_edge: LiveEdg
     inactive = ModelPool.objects.create(name="off-pool", served_model="m", is_active=False)
     Worker.objects.create(pool=inactive, name="w2", url="http://10.0.0.2:8000", state="down")
 
-    ready = httpx.get(f"{live_edge.url}/readyz", timeout=5)
+    ready = httpx.get(f"{live_edge.url}/readyz", timeout=TIMEOUT)
 
     assert ready.status_code == 503
     body = ready.json()
@@ -69,7 +72,7 @@ def test_readyz_names_an_active_pool_without_a_healthy_worker(live_edge: LiveEdg
     assert body["checks"]["workers"] == "no healthy worker in idle-pool"
     # A client outside the operators' networks learns which check fails, not why.
     public = httpx.get(
-        f"{live_edge.url}/readyz", headers={"X-Forwarded-For": "203.0.113.9"}, timeout=5
+        f"{live_edge.url}/readyz", headers={"X-Forwarded-For": "203.0.113.9"}, timeout=TIMEOUT
     )
     assert public.status_code == 503
     assert public.json() == {
@@ -80,7 +83,7 @@ def test_readyz_names_an_active_pool_without_a_healthy_worker(live_edge: LiveEdg
 
 
 def test_metrics_answer_loopback_with_the_edge_metrics(live_edge: LiveEdge) -> None:
-    response = httpx.get(f"{live_edge.url}/metrics", timeout=5)
+    response = httpx.get(f"{live_edge.url}/metrics", timeout=TIMEOUT)
 
     assert response.status_code == 200
     assert response.headers["content-type"].startswith("text/plain")
@@ -93,10 +96,10 @@ def test_metrics_answer_loopback_with_the_edge_metrics(live_edge: LiveEdge) -> N
 def test_metrics_are_not_found_from_a_public_address(live_edge: LiveEdge) -> None:
     # The edge trusts its proxy's (127.0.0.1) X-Forwarded-For: the client is 203.0.113.9.
     response = httpx.get(
-        f"{live_edge.url}/metrics", headers={"X-Forwarded-For": "203.0.113.9"}, timeout=5
+        f"{live_edge.url}/metrics", headers={"X-Forwarded-For": "203.0.113.9"}, timeout=TIMEOUT
     )
     private = httpx.get(
-        f"{live_edge.url}/metrics", headers={"X-Forwarded-For": "10.1.2.3"}, timeout=5
+        f"{live_edge.url}/metrics", headers={"X-Forwarded-For": "10.1.2.3"}, timeout=TIMEOUT
     )
 
     assert response.status_code == 404
@@ -128,12 +131,12 @@ def test_one_scrape_sums_every_edge_process(two_process_edge: LiveEdge) -> None:
     headers = {"Authorization": f"Bearer {key}"}
     count = 6
     with contextlib.ExitStack() as stack:
-        client = stack.enter_context(httpx.Client(base_url=two_process_edge.url, timeout=10))
+        client = stack.enter_context(httpx.Client(base_url=two_process_edge.url, timeout=TIMEOUT))
         streams = []
         for _ in range(count):
             # A connection each, so the kernel may hand them to either process.
             response = stack.enter_context(
-                httpx.Client(base_url=two_process_edge.url, timeout=10).stream(
+                httpx.Client(base_url=two_process_edge.url, timeout=TIMEOUT).stream(
                     "GET", "/api/v1/events/stream", headers=headers
                 )
             )
@@ -184,10 +187,10 @@ def test_readyz_is_503_naming_redis_when_redis_stops(
     edge_on_own_redis: tuple[LiveEdge, RedisServer],
 ) -> None:
     edge, server = edge_on_own_redis
-    before = httpx.get(f"{edge.url}/readyz", timeout=10)
+    before = httpx.get(f"{edge.url}/readyz", timeout=TIMEOUT)
     server.kill()
 
-    after = httpx.get(f"{edge.url}/readyz", timeout=10)
+    after = httpx.get(f"{edge.url}/readyz", timeout=TIMEOUT)
 
     assert before.status_code == 200
     assert after.status_code == 503
@@ -195,7 +198,7 @@ def test_readyz_is_503_naming_redis_when_redis_stops(
     assert body["failing"] == ["redis"]
     assert body["checks"]["database"] == "ok"
     assert "Connection" in body["checks"]["redis"]
-    assert httpx.get(f"{edge.url}/healthz", timeout=10).status_code == 200
+    assert httpx.get(f"{edge.url}/healthz", timeout=TIMEOUT).status_code == 200
 
 
 @pytest.fixture
@@ -212,7 +215,7 @@ def edge_without_postgres(transactional_db: Any, tmp_path: Path) -> Iterator[Liv
 def test_readyz_is_503_naming_the_database_when_postgres_is_unreachable(
     edge_without_postgres: LiveEdge,
 ) -> None:
-    response = httpx.get(f"{edge_without_postgres.url}/readyz", timeout=10)
+    response = httpx.get(f"{edge_without_postgres.url}/readyz", timeout=TIMEOUT)
 
     assert response.status_code == 503
     body = json.loads(response.text)
@@ -220,4 +223,4 @@ def test_readyz_is_503_naming_the_database_when_postgres_is_unreachable(
     # The pools' workers are read from the database too.
     assert body["failing"] == ["database", "workers"]
     assert body["checks"]["redis"] == "ok"
-    assert httpx.get(f"{edge_without_postgres.url}/healthz", timeout=10).status_code == 200
+    assert httpx.get(f"{edge_without_postgres.url}/healthz", timeout=TIMEOUT).status_code == 200

@@ -40,7 +40,7 @@ from schemathesis.specs.openapi.checks import response_schema_conformance
 from accounts.models import ApiKey
 from accounts.services import api_key_create
 from chatsite.redis import sync_redis
-from chatsite.testing import assert_error
+from chatsite.testing import assert_error, budget
 from chatsite.wsgi import application
 from conversations.services import conversation_create, message_send
 from conversations.tests.factories import finish, sent
@@ -117,12 +117,13 @@ def connection_kept_across_requests() -> Iterator[None]:
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("connection_kept_across_requests")
-@pytest.mark.timeout(300)
+# Both limits are failure points only (scaled budgets), far above what the run and a request
+# take even on a loaded machine: only a run or a request that hangs trips them.
+@pytest.mark.timeout(budget(300))
 @schema.parametrize()
 @hypothesis_settings(
     max_examples=10,
-    # Far above a request's time even on a loaded machine: only a request that hangs trips it.
-    deadline=timedelta(seconds=10),
+    deadline=timedelta(seconds=budget(10)),
     derandomize=True,
     database=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],

@@ -15,6 +15,7 @@ from django.contrib.auth.models import User
 from django.test import Client
 from django.urls import reverse
 
+from chatsite.tests.ratelimit_window import one_ratelimit_window
 from conversations.services import conversation_create
 
 pytestmark = pytest.mark.django_db
@@ -135,8 +136,11 @@ def test_the_pages_before_log_in_carry_the_strict_policy() -> None:
         assert_strict_page(Client().get(path))
 
 
-def test_a_refused_log_in_page_carries_the_strict_policy(settings: Any) -> None:
+def test_a_refused_log_in_page_carries_the_strict_policy(
+    settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     settings.BILLING_ABUSE_RATES = {**settings.BILLING_ABUSE_RATES, "login": "1/m"}
+    one_ratelimit_window(monkeypatch)
     client = Client(HTTP_ACCEPT="text/html")
     form = {"username": "nobody", "password": "wrong"}
     client.post(reverse("accounts:login"), form)

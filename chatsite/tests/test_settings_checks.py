@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from chatsite.testing import budget
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -20,7 +22,7 @@ def start(**env: str) -> subprocess.CompletedProcess[str]:
         env={"PATH": os.environ["PATH"], "DJANGO_SETTINGS_MODULE": "chatsite.settings", **env},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=budget(120),  # the failure point only: a hung interpreter
         check=False,
     )
 

@@ -17,12 +17,22 @@ from redis.asyncio import Redis as AsyncRedis
 from chatsite import sse
 from chatsite.redis import async_redis
 from chatsite.stream_events import StreamEvent, entry_fields
+from chatsite.testing import budget, wait_for
 
 STREAM = "test:sse"
 
 
 @pytest.fixture
+def no_heartbeat(settings: Any) -> None:
+    """No heartbeat comes between what a test reads, however slow the machine: an hour."""
+    settings.STREAM_HEARTBEAT_SECONDS = 3600
+    settings.STREAM_RETRY_MS = 1234
+
+
+@pytest.fixture
 def fast_heartbeat(settings: Any) -> None:
+    """A heartbeat after each second without an entry (one may come before any entry the
+    test waits for, on a slow machine)."""
     settings.STREAM_HEARTBEAT_SECONDS = 1
     settings.STREAM_RETRY_MS = 1234
 
@@ -40,6 +50,16 @@ async def _add(redis: AsyncRedis, event: StreamEvent, data: dict[str, Any]) -> s
 
 async def _empty() -> AsyncIterator[bytes]:
     yield b""
+
+
+async def _past_heartbeats(items: Any, heartbeat: Any) -> Any:
+    """The next item of `items` that is not `heartbeat` (with a one-second heartbeat, a slow
+    machine may see some first); fails the test if none comes within the budget."""
+    async with asyncio.timeout(budget(60)):
+        item = await anext(items)
+        while item == heartbeat:
+            item = await anext(items)
+    return item
 
 
 def test_the_response_is_an_unbuffered_event_stream() -> None:
@@ -80,7 +100,7 @@ def test_a_last_event_id_that_is_no_entry_id_is_refused(given: str) -> None:
 
 
 async def test_the_tail_relays_from_after_the_last_id_to_the_terminal_event(
-    redis: AsyncRedis, fast_heartbeat: None
+    redis: AsyncRedis, no_heartbeat: None
 ) -> None:
     first = await _add(redis, StreamEvent.META, {"status": "queued"})
     second = await _add(redis, StreamEvent.DELTA, {"text": "a"})
@@ -105,9 +125,11 @@ async def test_the_tail_beats_while_nothing_happens(
 
     async with contextlib.aclosing(tail.events()) as events:
         assert await anext(events) == b"retry: 1234\n\n"
-        assert await anext(events) == sse.HEARTBEAT
+        assert await anext(events) == sse.HEARTBEAT  # nothing was added: only a heartbeat
         entry_id = await _add(redis, StreamEvent.DELTA, {"text": "b"})
-        assert await anext(events) == sse.format_event(entry_id, "delta", '{"text": "b"}')
+        assert await _past_heartbeats(events, sse.HEARTBEAT) == sse.format_event(
+            entry_id, "delta", '{"text": "b"}'
+        )
 
     assert not tail.finished
 
@@ -119,12 +141,12 @@ async def test_a_stream_without_a_terminal_event_goes_on(
     entries = sse.read(STREAM, "0-0", until=())
 
     async with contextlib.aclosing(entries):
-        done = await anext(entries)
+        done = await _past_heartbeats(entries, None)
         assert done is not None and done.event == "done" and done.payload() == {}
         assert await anext(entries) is None  # a heartbeat period, not the end
 
 
-async def test_a_redis_failure_ends_the_response(fast_heartbeat: None, settings: Any) -> None:
+async def test_a_redis_failure_ends_the_response(no_heartbeat: None, settings: Any) -> None:
     settings.REDIS_URL = "redis://127.0.0.1:1/0"  # nobody listens there
     tail = sse.Tail(STREAM, "0-0")
 
@@ -140,11 +162,12 @@ async def test_a_tailing_response_lets_its_request_thread_go() -> None:
         request_thread = await sync_to_async(threading.current_thread)()
         assert request_thread.is_alive()
         sse.release_request_thread()
-        for _ in range(200):  # the thread ends once it sees the shutdown
-            if not request_thread.is_alive():
-                break
-            await asyncio.sleep(0.01)
-        assert not request_thread.is_alive()
+
+        async def ended() -> bool:
+            return not request_thread.is_alive()
+
+        # The thread ends once it sees the shutdown.
+        await wait_for(ended, every=0.01, what="the request thread ended")
         # Synchronous code the response still runs gets a thread of its own.
         later = await sync_to_async(threading.current_thread)()
         assert later is not request_thread and later is not threading.main_thread()

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -16,6 +18,7 @@ from redis.asyncio import Redis as AsyncRedis
 from chatsite import sse, stream_hub
 from chatsite.redis import async_redis, node_redis
 from chatsite.stream_events import StreamEvent, entry_fields
+from chatsite.testing import budget, wait_for
 
 
 @pytest.fixture
@@ -32,14 +35,35 @@ async def add(redis: AsyncRedis, stream: str, text: str) -> str:
 async def texts(entries: Any, count: int) -> list[str]:
     got: list[str] = []
     while len(got) < count:
-        entry = await asyncio.wait_for(anext(entries), timeout=10)
+        entry = await asyncio.wait_for(anext(entries), timeout=budget(30))
         if entry is not None:
             got.append(entry.payload()["text"])
     return got
 
 
+def own_ports() -> set[int]:
+    """The local ports of this process's TCP sockets (Linux's /proc)."""
+    inodes = set()
+    for fd in Path("/proc/self/fd").iterdir():
+        with contextlib.suppress(OSError):
+            target = os.readlink(fd)
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    ports = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with contextlib.suppress(OSError):
+            for line in Path(table).read_text().splitlines()[1:]:
+                fields = line.split()
+                if fields[9] in inodes:
+                    ports.add(int(fields[1].rsplit(":", 1)[1], 16))
+    return ports
+
+
 async def connections(redis: AsyncRedis) -> int:
-    return len(await redis.client_list())
+    """This process's connections to Redis: other processes (a live edge, another run) share
+    the server and open and close theirs meanwhile."""
+    ports = own_ports()
+    return sum(1 for c in await redis.client_list() if int(c["addr"].rsplit(":", 1)[1]) in ports)
 
 
 def reading_hub() -> stream_hub.StreamHub:
@@ -70,6 +94,38 @@ async def client_ids(redis: AsyncRedis) -> set[str]:
         return {str(c["id"]) for c in await node.client_list()}
 
 
+def reads_block_until_woken(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the hub's XREAD wait for as long as nothing interrupts it (`BLOCK 0`), and its
+    socket as long: only an entry or a wake ends it, never the machine being slow."""
+    head = list(stream_hub.XREAD_HEAD)
+    head[head.index("BLOCK") + 1] = "0"
+    monkeypatch.setattr(stream_hub, "XREAD_PACKED", b"".join(stream_hub._bulk(p) for p in head))
+    monkeypatch.setattr(stream_hub, "BLOCK_MS", 3_600_000)  # the socket's timeout
+
+
+async def reading(redis: AsyncRedis, positions: dict[str, str]) -> bool:
+    """Whether the hub's reader is blocked in Redis in an XREAD of exactly these streams, each
+    from the given position."""
+    try:
+        hub = reading_hub()
+    except ValueError:  # a cluster hub without its lane yet
+        return False
+    pieces = {stream: piece[1] for stream, piece in hub._pieces.items()}
+    if not hub._blocked or hub._reader_id is None or pieces != positions:
+        return False
+    async with reader_node(redis) as node:
+        for client in await node.client_list():
+            if str(client["id"]) == str(hub._reader_id):
+                return client["cmd"] == "xread" and "b" in client["flags"]
+    return False
+
+
+async def run_ended() -> bool:
+    """Whether the hub's read loop has ended (nobody tails a stream), its reader kept."""
+    task = reading_hub()._task
+    return task is not None and task.done()
+
+
 async def test_many_streams_share_one_reading_connection(redis: AsyncRedis) -> None:
     await add(redis, "{hub}:warm", "w")
     warm = sse.read("{hub}:warm", "0-0", until=())
@@ -77,10 +133,14 @@ async def test_many_streams_share_one_reading_connection(redis: AsyncRedis) -> N
     before = await connections(redis)
     readers = [sse.read(f"{{hub}}:{index}", "0-0", until=()) for index in range(50)]
     waiting = [asyncio.ensure_future(texts(reader, 1)) for reader in readers]
-    await asyncio.sleep(0.2)
+
+    async def all_subscribed() -> bool:
+        return stream_hub.hub().streams() == 51
+
+    await wait_for(all_subscribed, what="the 50 readers subscribed")
     for index in range(50):
         await add(redis, f"{{hub}}:{index}", str(index))
-    done = await asyncio.wait_for(asyncio.gather(*waiting), timeout=10)
+    done = await asyncio.wait_for(asyncio.gather(*waiting), timeout=budget(60))
     assert done == [[str(index)] for index in range(50)]
     # The hub's reader and its command pool, not a connection per stream.
     assert await connections(redis) - before <= 2
@@ -93,11 +153,13 @@ async def test_many_streams_share_one_reading_connection(redis: AsyncRedis) -> N
 async def test_a_new_stream_is_read_without_waiting_out_the_current_read(
     redis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # A read that nothing interrupts would wait a minute; the new subscription cuts it short.
-    monkeypatch.setattr(stream_hub, "BLOCK_MS", 60_000)
+    # A read that nothing interrupts never ends; the new subscription cuts it short.
+    reads_block_until_woken(monkeypatch)
     first = sse.read("{hub}:first", "0-0", until=())
     pending = asyncio.ensure_future(anext(first))
-    await asyncio.sleep(0.3)  # the hub is now blocked reading only hub:first
+    await wait_for(
+        lambda: reading(redis, {"{hub}:first": "0-0"}), what="the hub blocked on hub:first only"
+    )
     await add(redis, "{hub}:second", "now")
     second = sse.read("{hub}:second", "0-0", until=())
     assert await texts(second, 1) == ["now"]
@@ -157,32 +219,46 @@ async def test_a_subscriber_from_further_back_misses_nothing_the_current_read_re
     async def no_wake(self: stream_hub.StreamHub) -> None:
         return None
 
-    # The current read is not cut short: it returns entry 5, read from after entry 4, while
-    # the resumed subscriber still needs 2, 3 and 4 first.
+    # The current read is not cut short (nor ends by itself): it returns entry 5, read from
+    # after entry 4, while the resumed subscriber still needs 2, 3 and 4 first.
     monkeypatch.setattr(stream_hub.StreamHub, "_wake", no_wake)
+    reads_block_until_woken(monkeypatch)
     ids = [await add(redis, "{hub}:resume", str(index)) for index in range(5)]
     live = sse.read("{hub}:resume", ids[-1], until=())
     pending = asyncio.ensure_future(texts(live, 1))
-    await asyncio.sleep(0.3)  # reading hub:resume after entry 4
+    await wait_for(
+        lambda: reading(redis, {"{hub}:resume": ids[-1]}), what="the hub reading after entry 4"
+    )
     # A client comes back from entry 1 while that read waits, then entry 5 arrives.
     resumed = sse.read("{hub}:resume", ids[1], until=())
     first = asyncio.ensure_future(texts(resumed, 4))
-    await asyncio.sleep(0)
+
+    async def both_subscribed() -> bool:
+        return len(reading_hub()._subscriptions.get("{hub}:resume", ())) == 2
+
+    await wait_for(both_subscribed, what="the resumed client subscribed")
     await add(redis, "{hub}:resume", "5")
-    assert await asyncio.wait_for(first, timeout=10) == ["2", "3", "4", "5"]
-    assert await asyncio.wait_for(pending, timeout=10) == ["5"]
+    assert await asyncio.wait_for(first, timeout=budget(30)) == ["2", "3", "4", "5"]
+    assert await asyncio.wait_for(pending, timeout=budget(30)) == ["5"]
     await live.aclose()
     await resumed.aclose()
 
 
-async def test_the_reader_outlives_its_last_stream_and_reads_the_next(redis: AsyncRedis) -> None:
+async def test_the_reader_outlives_its_last_stream_and_reads_the_next(
+    redis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Kept however long the test takes to look (30 s in production).
+    monkeypatch.setattr(stream_hub, "READER_LINGER_SECONDS", 3600.0)
     await add(redis, "{hub}:before", "x")
     before = sse.read("{hub}:before", "0-0", until=())
     assert await texts(before, 1) == ["x"]
     reader_id = reading_hub()._reader_id
     await before.aclose()
-    await asyncio.sleep(0.1)  # the hub has nobody left: its run ends, the connection stays
-    assert reader_id is not None and str(reader_id) in await client_ids(redis)
+    # The hub has nobody left: its run ends (at the end of the read under way), the
+    # connection stays.
+    await wait_for(run_ended, what="the hub's run ended")
+    assert reader_id is not None and reading_hub()._reader_id == reader_id
+    assert str(reader_id) in await client_ids(redis)
     await add(redis, "{hub}:after", "y")
     after = sse.read("{hub}:after", "0-0", until=())
     assert await texts(after, 1) == ["y"]
@@ -191,14 +267,16 @@ async def test_the_reader_outlives_its_last_stream_and_reads_the_next(redis: Asy
 
 
 async def test_a_kept_reader_closed_meanwhile_is_replaced_and_nothing_is_lost(
-    redis: AsyncRedis,
+    redis: AsyncRedis, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.setattr(stream_hub, "READER_LINGER_SECONDS", 3600.0)
     await add(redis, "{hub}:first", "x")
     first = sse.read("{hub}:first", "0-0", until=())
     assert await texts(first, 1) == ["x"]
     await first.aclose()
-    await asyncio.sleep(0.1)
+    await wait_for(run_ended, what="the hub's run ended")  # the reader is kept, idle
     reader_id = reading_hub()._reader_id
+    assert reader_id is not None
     async with reader_node(redis) as node:  # as a restarted Redis or a proxy would
         await node.client_kill_filter(_id=str(reader_id))
     await add(redis, "{hub}:second", "y")
@@ -216,22 +294,29 @@ async def test_an_idle_reader_is_closed_after_a_while(
     brief = sse.read("{hub}:brief", "0-0", until=())
     assert await texts(brief, 1) == ["x"]
     reader_id = reading_hub()._reader_id
+    assert reader_id is not None
     await brief.aclose()
-    await asyncio.sleep(0.6)
-    assert reading_hub()._reader_id is None
-    assert str(reader_id) not in await client_ids(redis)
+
+    async def closed() -> bool:
+        return reading_hub()._reader_id is None and str(reader_id) not in await client_ids(redis)
+
+    # Its run ends with the read under way, then 0.2 s later the reader goes.
+    await wait_for(closed, what="the idle reader closed")
 
 
 async def test_a_mailbox_hands_on_entries_in_order_and_times_out_when_idle() -> None:
     mailbox = stream_hub.Mailbox()
+    # Nothing is ever put: it times out, however long 0.01 s takes here.
     assert not await mailbox.wait(0.01)  # nothing came: the caller sends a heartbeat
     assert len(mailbox) == 0
 
-    waiting = asyncio.ensure_future(mailbox.wait(10))
-    await asyncio.sleep(0)
+    # Waits of an hour: only the put ends them within the budget, not their timeout.
+    waiting = asyncio.ensure_future(mailbox.wait(3600))
+    await asyncio.sleep(0)  # one turn of the loop (no time): the task parks on the mailbox
+    assert mailbox._waiter is not None
     mailbox.put(("1-1", {"event": "delta"}))
     mailbox.put(("1-2", {"event": "done"}))
-    assert await asyncio.wait_for(waiting, timeout=1)  # woken at once, not at its timeout
+    assert await asyncio.wait_for(waiting, timeout=budget(30))  # woken, not at its timeout
     assert [mailbox.pop(), mailbox.pop()] == [
         ("1-1", {"event": "delta"}),
         ("1-2", {"event": "done"}),
@@ -240,13 +325,14 @@ async def test_a_mailbox_hands_on_entries_in_order_and_times_out_when_idle() -> 
         mailbox.pop()
 
     # A reader cancelled while it waits leaves nothing behind; the next one is woken.
-    cancelled = asyncio.ensure_future(mailbox.wait(10))
+    cancelled = asyncio.ensure_future(mailbox.wait(3600))
     await asyncio.sleep(0)
     cancelled.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await cancelled
-    later = asyncio.ensure_future(mailbox.wait(10))
+    later = asyncio.ensure_future(mailbox.wait(3600))
     await asyncio.sleep(0)
+    assert mailbox._waiter is not None
     mailbox.put(("1-3", {"event": "delta"}))
-    assert await asyncio.wait_for(later, timeout=1)
+    assert await asyncio.wait_for(later, timeout=budget(30))
     assert mailbox.pop() == ("1-3", {"event": "delta"})

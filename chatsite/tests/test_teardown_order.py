@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import subprocess
 import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from django.db import connection
 
 from accounts.services import api_key_create
 from chatsite.redis import sync_redis
+from chatsite.testing import wait_until
 from chatsite.tests.edge_asgi import DISCONNECT_DELAY_ENV
 from conversations.tests.browser_conftest import SCHEDULER_DB_APPLICATION
 from inference import queue
@@ -76,6 +76,8 @@ def flush_witness(monkeypatch: pytest.MonkeyPatch) -> Iterator[FlushWitness]:
 def slow_edge(transactional_db: Any, tmp_path: Path) -> Iterator[LiveEdge]:
     """A live edge of its own that notices a client left only a second later, so its writes
     after the hang-up would land after the flush unless the teardown waits for them."""
+    # The second is the scenario, not a wait of the test's: the teardown waits for the edge to
+    # go idle (`wait_until_idle`), so a slower machine only makes it wait longer.
     edge = start_edge(tmp_path, **{DISCONNECT_DELAY_ENV: "1"})
     try:
         yield edge
@@ -124,10 +126,11 @@ def test_the_scheduler_process_and_its_sessions_are_gone_before_the_flush(
     process = scheduler()
     # It connects and disconnects as its loops run (each closes its old connections): wait
     # until one of its sessions is seen, so that the check at the flush means something.
-    deadline = time.monotonic() + 30
-    while not busy_sessions(SCHEDULER_DB_APPLICATION, connected=True):
-        assert time.monotonic() < deadline, "the scheduler never connected to the database"
-        time.sleep(0.02)
+    wait_until(
+        lambda: busy_sessions(SCHEDULER_DB_APPLICATION, connected=True),
+        every=0.02,
+        what="the scheduler connected to the database",
+    )
     flush_witness.expect("the scheduler has exited", lambda: process.poll() is not None, True)
     flush_witness.expect(
         "its database sessions",

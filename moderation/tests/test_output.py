@@ -4,6 +4,7 @@ eyes only."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any
 
@@ -14,6 +15,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from chatsite.redis import async_redis
+from chatsite.testing import budget
 from conversations.models import Message
 from conversations.turns import Turn
 from inference import queue
@@ -31,6 +33,7 @@ from inference.tests.fixtures import (
 )
 from inference.tests.test_stream import bearer, collect, stream_url
 from moderation.models import Flag
+from moderation.output import StreamingOutputGuard
 
 from .helpers import API, INSULT
 
@@ -40,11 +43,21 @@ CALM = "The weather today is calm and mild. "
 
 
 class ScriptedWorker(FakeWorker):
-    """A FakeWorker that streams the given pieces of text instead of `tok<n>`."""
+    """A FakeWorker that streams the given pieces of text instead of `tok<n>`; with
+    `hold_at`, it waits before that piece until `hold_until` is set, then goes on."""
 
-    def __init__(self, script: list[str], **kwargs: Any) -> None:
+    def __init__(
+        self,
+        script: list[str],
+        *,
+        hold_at: int | None = None,
+        hold_until: threading.Event | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(tokens=len(script), **kwargs)
         self.script = script
+        self.hold_at = hold_at
+        self.hold_until = hold_until
 
     def _handler(self) -> Any:
         base = super()._handler()
@@ -52,9 +65,15 @@ class ScriptedWorker(FakeWorker):
 
         class Scripted(base):  # type: ignore[valid-type,misc]
             def _stream(self, body: dict[str, Any], mode: str) -> None:
-                for piece in worker.script:
+                for index, piece in enumerate(worker.script):
+                    if index == worker.hold_at and worker.hold_until is not None:
+                        # No more text until then, however long the checks take here (the
+                        # budget only ends the wait for a check that never trips: the whole
+                        # answer then comes, and fails the test).
+                        worker.hold_until.wait(budget(60))
                     delta = {"content": piece}
                     self._event({"choices": [{"index": 0, "delta": delta, "finish_reason": None}]})
+                    # The pace of the tokens, part of the scenario: nothing waits on it.
                     time.sleep(worker.token_delay)
                 self._event({"choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]})
                 usage = {"prompt_tokens": 11, "completion_tokens": len(worker.script)}
@@ -72,9 +91,28 @@ def small_windows(settings: Any) -> None:
     settings.MODERATION_WINDOW_OVERLAP_TOKENS = 5
 
 
-async def run_bad_answer(user: User) -> tuple[Turn, ScriptedWorker]:
+@pytest.fixture
+def tripped(monkeypatch: pytest.MonkeyPatch) -> threading.Event:
+    """Set once an output check blocks an answer (the scheduler runs in this process)."""
+    event = threading.Event()
+    check = StreamingOutputGuard.check
+
+    async def noted(self: StreamingOutputGuard, excerpt: str) -> Any:
+        verdict = await check(self, excerpt)
+        if verdict.is_blocked:
+            event.set()
+        return verdict
+
+    monkeypatch.setattr(StreamingOutputGuard, "check", noted)
+    return event
+
+
+async def run_bad_answer(user: User, tripped: threading.Event) -> tuple[Turn, ScriptedWorker]:
     script = [CALM] * 4 + [INSULT] + [CALM] * 80
-    fake = ScriptedWorker(script, token_delay=0.02)
+    # Two calm pieces after the insult make a window due that holds it (a check every 60
+    # characters); then the worker waits for that check to trip before it sends the rest,
+    # so how far the answer gets does not depend on how long the checks take.
+    fake = ScriptedWorker(script, token_delay=0.02, hold_at=7, hold_until=tripped)
     fake.start()
     await sync_to_async(register_pool)(fake)
     turn = await send(user)
@@ -91,9 +129,9 @@ async def _aborted(fake: FakeWorker) -> bool:
 
 
 async def test_a_stream_that_turns_bad_is_stopped_retracted_and_stored_blocked(
-    user: User, small_windows: None
+    user: User, small_windows: None, tripped: threading.Event
 ) -> None:
-    turn, _ = await run_bad_answer(user)
+    turn, _ = await run_bad_answer(user, tripped)
 
     generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
     assert generation.status == Generation.Status.COMPLETE
@@ -125,13 +163,14 @@ async def test_a_stream_that_turns_bad_is_stopped_retracted_and_stored_blocked(
 
 
 async def test_a_trip_the_timer_finds_stops_an_answer_whose_tokens_outrun_the_interval(
-    user: User, small_windows: None, settings: Any
+    user: User, small_windows: None, settings: Any, tripped: threading.Event
 ) -> None:
     """Tokens every 20 ms, text sent every 200 ms: every flush after the first is the
     timer's, so the answer must stop at the chunk after a timer's check trips, not at a
-    flush of the loop's own that never comes (it used to stream to its end)."""
+    flush of the loop's own that never comes (it used to stream to its end). The worker
+    sends that chunk, and the rest, only once the check has tripped."""
     settings.SCHEDULER_COALESCE_MS = 200
-    turn, fake = await run_bad_answer(user)
+    turn, fake = await run_bad_answer(user, tripped)
 
     generation = await Generation.objects.select_related("message").aget(pk=turn.generation.id)
     assert generation.finish_reason == "content_filter"
@@ -198,9 +237,9 @@ def _views_of(user: User, staff: User, turn: Turn) -> dict[str, str]:
 
 
 async def test_the_user_never_sees_the_blocked_text_again_but_staff_do(
-    user: User, staff: User, small_windows: None
+    user: User, staff: User, small_windows: None, tripped: threading.Event
 ) -> None:
-    turn, _ = await run_bad_answer(user)
+    turn, _ = await run_bad_answer(user, tripped)
 
     views = await sync_to_async(_views_of)(user, staff, turn)
 
@@ -213,9 +252,9 @@ async def test_the_user_never_sees_the_blocked_text_again_but_staff_do(
 
 
 async def test_a_client_reattaching_after_a_retract_gets_no_text(
-    user: User, small_windows: None, live_edge: LiveEdge
+    user: User, small_windows: None, live_edge: LiveEdge, tripped: threading.Event
 ) -> None:
-    turn, _ = await run_bad_answer(user)
+    turn, _ = await run_bad_answer(user, tripped)
     headers = await sync_to_async(bearer)(user)
     assert await async_redis().exists(queue.stream_key(turn.generation.id))
 

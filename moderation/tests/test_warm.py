@@ -15,6 +15,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.test import override_settings
 
 from chatsite.edge import warm_up
+from chatsite.testing import budget
 from moderation import engine
 from moderation.classifiers import profanity
 from moderation.output import StreamingOutputGuard
@@ -67,7 +68,7 @@ def test_an_edge_process_has_the_model_and_the_tokenizer_once_its_application_lo
         env={**os.environ, "DJANGO_SETTINGS_MODULE": "chatsite.settings"},
         capture_output=True,
         text=True,
-        timeout=120,
+        timeout=budget(120),  # the failure point only: a hung interpreter
         check=False,
     )
     assert done.returncode == 0, done.stderr[-2000:]

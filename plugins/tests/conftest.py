@@ -8,6 +8,8 @@ from typing import Any
 
 import pytest
 
+from chatsite.testing import wait_until
+from plugins import services
 from plugins.registry import ENTRY_POINT_GROUP, Registry, registry_build, registry_reset
 
 from . import fakes
@@ -48,3 +50,6 @@ def fake_registry(install_registry: Callable[..., Registry]) -> Iterator[Registr
         [entry_point("secretive", f"{FAKES}:secretive")],
     )
     fakes.release_hang.set()
+    # The next test starts with every slot free (one counts the slots in use): the handlers
+    # this one left hanging have returned, however long their threads take to see it.
+    wait_until(lambda: services._running == 0, what="the tools' threads ended")

@@ -5,11 +5,15 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from chatsite.testing import budget
 from plugins.sdk import Plugin, Tool, ToolContext, ToolError
 
 OBJECT = {"type": "object", "properties": {}}
 # Released by the tests so a hung handler's thread ends with the test.
 release_hang = threading.Event()
+# How long a hung handler hangs unless released: far longer than any tool time limit a test
+# sets, so that a call that returns before it did not wait for the handler, at any speed.
+HANG_SECONDS = budget(300)
 
 
 def _echo(context: ToolContext, args: dict[str, Any]) -> Any:
@@ -17,7 +21,7 @@ def _echo(context: ToolContext, args: dict[str, Any]) -> Any:
 
 
 def _hang(context: ToolContext, args: dict[str, Any]) -> Any:
-    release_hang.wait(30)
+    release_hang.wait(HANG_SECONDS)
     return "too late"
 
 

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from chatsite import embeddings
+from chatsite.testing import budget
 from conversations.models import Message
 from conversations.removal import conversation_remove
 from conversations.tests.factories import ConversationFactory, exchange
@@ -20,6 +21,8 @@ from plugins.tasks import search_index_schedule
 
 pytestmark = pytest.mark.django_db
 
+TIME_LIMIT = budget(60)
+
 (TOOL,) = plugin.tools
 
 
@@ -28,7 +31,9 @@ def search(user: Any, query: str, conversation: Any = None, **args: Any) -> list
         user_id=user.pk,
         conversation_id=str(conversation.pk) if conversation else None,
         config={},
-        timeout_seconds=30,
+        # A failure point only (half of it for indexing what is pending): loading the model and
+        # embedding a few messages take a few seconds at most.
+        timeout_seconds=TIME_LIMIT,
     )
     return TOOL.handler(ctx, {"query": query, **args})["results"]
 
@@ -202,9 +207,11 @@ def test_bad_arguments_get_clear_errors(user, args) -> None:
 
 
 @pytest.mark.django_db(transaction=True)
-def test_through_tool_run_the_caller_is_the_one_searched(user, other_user) -> None:
+def test_through_tool_run_the_caller_is_the_one_searched(user, other_user, settings) -> None:
     """tool_run calls the handler in its own thread (own connection): committed data only."""
     from plugins.services import tool_run
+
+    settings.PLUGINS_TOOL_TIMEOUT_SECONDS = TIME_LIMIT  # as `search` does
 
     chat(other_user, "Theirs", "My passport number is in the drawer.", "Noted.")
     mine, _, _ = chat(user, "Mine", "Where did I leave my passport?", "In the drawer.")

@@ -13,7 +13,6 @@ import ipaddress
 import json
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import parse_qs, urlparse
@@ -81,10 +80,14 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             except OSError:
                 return
         elif url.path == "/slow":
+            # Silent for 5 s after the request came: a fetch whose 1 s deadline was set before
+            # it sent the request gives up 4 s before the answer, however slow the machine; one
+            # with a longer deadline (the call's 9.5 s) or none gets the answer instead.
             _stop.wait(5)
             self._send(200, b"late", "text/plain")
         elif url.path == "/dribble":
-            # Headers at once, then a byte every 0.2 s: no single read ever times out.
+            # Headers at once, then a byte every 0.2 s: no single read ever times out, and the
+            # body is whole only after 200 s, long past any limit of the tests.
             self.send_response(200)
             self.send_header("Content-Type", "text/plain")
             self.send_header("Content-Length", "1000")
@@ -157,6 +160,8 @@ def fake_dns(monkeypatch: pytest.MonkeyPatch, answers: dict[str, list[list[str]]
 
 
 def ctx(**config: Any) -> ToolContext:
+    # The fetches' time limit (9.5 s) is only a failure point here: a local page of a few
+    # kilobytes comes in milliseconds.
     return ToolContext(user_id=1, conversation_id=None, config=config, timeout_seconds=10)
 
 
@@ -301,9 +306,9 @@ def test_connects_to_the_vetted_address_with_the_original_host(monkeypatch, serv
 
 
 def test_an_oversized_body_is_cut_at_max_bytes(server: str) -> None:
-    started = time.monotonic()
+    # The body never ends: a fetch that did not stop at its byte limit would read on until
+    # its time limit and fail, so no clock is needed here.
     result = fetch(ctx(max_bytes=5000, max_chars=50_000), {"url": f"{server}/endless"})
-    assert time.monotonic() - started < 5
     assert result["truncated"] is True
     assert result["text"] == "x" * 5000
 
@@ -316,18 +321,17 @@ def test_text_is_cut_at_max_chars(server: str) -> None:
 
 @pytest.mark.parametrize("path", ["/slow", "/dribble"])
 def test_a_slow_server_times_out(server: str, path: str) -> None:
-    started = time.monotonic()
+    # The server answers (or ends its body) only long after the 1 s limit: the error, rather
+    # than its answer, shows that the fetch gave up at its own deadline, at any speed.
     with pytest.raises(ToolError, match="longer than 1 seconds"):
         fetch(ctx(timeout_seconds=1), {"url": f"{server}{path}"})
-    assert time.monotonic() - started < 2.5
 
 
 def test_the_time_limit_of_the_call_bounds_the_fetch(server: str) -> None:
+    # The call's 1.5 s less the margin, not the setting's 10 s (which would get the answer).
     short = ToolContext(user_id=1, conversation_id=None, config={}, timeout_seconds=1.5)
-    started = time.monotonic()
-    with pytest.raises(ToolError, match="longer than"):
+    with pytest.raises(ToolError, match="longer than 1 seconds"):
         fetch(short, {"url": f"{server}/slow"})
-    assert time.monotonic() - started < 2.5
 
 
 def test_the_plugin_declares_its_tool_and_settings() -> None:

@@ -16,12 +16,15 @@ from mcp.server.mcpserver import MCPServer
 from mcp.server.mcpserver.exceptions import ToolError as McpToolError
 
 from chatsite.errors import ServiceError
+from chatsite.testing import budget, wait_until
 from conversations.tests.factories import ConversationFactory
 from plugins.models import McpServer
 from plugins.selectors import tools_for_conversation
 from plugins.services import mcp_server_refresh_tools, mcp_server_set_secrets, tool_run
 
 TOKEN = "mcp-token-5e1f0c2a9d"
+# Ends the `slow` tool's wait early, once a test has seen what it wanted.
+release_slow = threading.Event()
 
 
 def _build_server() -> Any:
@@ -33,7 +36,7 @@ def _build_server() -> Any:
 
     @server.tool(description="Answers after a while.")
     async def slow(seconds: float) -> str:
-        await asyncio.sleep(seconds)
+        await asyncio.to_thread(release_slow.wait, seconds)
         return "finally"
 
     @server.tool(description="Always fails.")
@@ -64,13 +67,11 @@ def mcp_url() -> Iterator[str]:
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 15
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
+    wait_until(lambda: server.started or not thread.is_alive(), what="the MCP server started")
     assert server.started, "the MCP server did not start"
     yield f"http://127.0.0.1:{port}/mcp"
     server.should_exit = True
-    thread.join(10)
+    thread.join(10)  # a daemon thread: one slow to stop fails nothing
 
 
 @pytest.fixture
@@ -123,12 +124,23 @@ def test_an_mcp_error_result_is_a_failure(mcp_server, user):
 def test_a_slow_mcp_tool_times_out(mcp_server, user, settings):
     mcp_server_refresh_tools(server=mcp_server)
     settings.PLUGINS_TOOL_TIMEOUT_SECONDS = 1
+    # The tool answers only when released (or after a budget far past the limit): a result
+    # that comes back before then did not wait for it, at any speed.
+    slow_for = budget(300)
+    release_slow.clear()
     started = time.monotonic()
-    result = tool_run(
-        user_id=user.pk, conversation_id=None, name="calc__slow", arguments='{"seconds": 5}'
-    )
+    try:
+        result = tool_run(
+            user_id=user.pk,
+            conversation_id=None,
+            name="calc__slow",
+            arguments=f'{{"seconds": {slow_for}}}',
+        )
+        elapsed = time.monotonic() - started
+    finally:
+        release_slow.set()
     assert result.error_code == "timeout"
-    assert time.monotonic() - started < 3
+    assert elapsed < slow_for
 
 
 def test_a_disabled_server_offers_nothing(mcp_server, user):
