@@ -31,7 +31,7 @@ from django.contrib.auth.hashers import PBKDF2PasswordHasher
 from django.contrib.auth.models import User
 from django.core.management import call_command
 
-from chatsite.testing import budget
+from chatsite.testing import budget, wait_until
 from inference import queue
 from inference.models import ModelPool, Worker
 from inference.tests.fake_worker import FakeWorker
@@ -300,11 +300,16 @@ def scheduler(
         )
         started.append(process)
         redis = queue.sync_redis()
-        deadline = time.monotonic() + 30
-        while not redis.exists(queue.key("replica", "browser-tests")):
-            if process.poll() is not None or time.monotonic() > deadline:
-                pytest.fail(f"the scheduler did not start:\n{log.read_text()[-3000:]}")
-            time.sleep(0.1)
+
+        def up() -> bool:
+            if process.poll() is not None:
+                pytest.fail(f"the scheduler exited:\n{log.read_text()[-3000:]}")
+            return bool(redis.exists(queue.key("replica", "browser-tests")))
+
+        try:
+            wait_until(up, within=120, every=0.1, what="the scheduler's start")
+        except AssertionError:
+            pytest.fail(f"the scheduler did not start:\n{log.read_text()[-3000:]}")
         return process
 
     yield start

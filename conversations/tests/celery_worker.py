@@ -21,7 +21,7 @@ from django.conf import settings
 from django.db import connections
 
 from chatsite.celery import app
-from chatsite.testing import DEFAULT_BUDGET
+from chatsite.testing import DEFAULT_BUDGET, budget
 from chatsite.testing import wait_until as wait_until  # where the Celery tests import it from
 
 
@@ -66,7 +66,11 @@ def live_celery_worker(transactional_db: Any, django_db_blocker: Any) -> Iterato
         with (
             django_db_blocker.unblock(),
             start_worker(
-                app, pool="solo", concurrency=1, perform_ping_check=False, shutdown_timeout=30
+                app,
+                pool="solo",
+                concurrency=1,
+                perform_ping_check=False,
+                shutdown_timeout=budget(60),
             ) as worker,
         ):
             yield worker

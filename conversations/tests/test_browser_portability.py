@@ -62,6 +62,8 @@ def test_a_chatgpt_export_is_imported_with_progress_and_its_branches_switch(
     expect(other_tab.locator("#sidebar-note")).to_have_text("No conversations yet.")
 
     page.get_by_role("link", name="Your data").click()
+    # The page loaded, its script with it: an Import clicked before would post the form itself.
+    page.wait_for_url(f"{import_edge.url}/data")
     expect(page.get_by_role("heading", name="Your data")).to_be_visible()
     page.get_by_label("File to import").set_input_files(export)
     page.get_by_role("button", name="Import", exact=True).click()
@@ -138,6 +140,7 @@ def test_a_malformed_file_shows_its_error_and_imports_nothing(
     broken.write_text('[{"title": "cut short", "mapping": {"a": ')
     page, errors = open_chat(import_edge.url, user)
     page.get_by_role("link", name="Your data").click()
+    page.wait_for_url(f"{import_edge.url}/data")  # loaded, its script with it
     page.get_by_label("File to import").set_input_files(broken)
     page.get_by_role("button", name="Import", exact=True).click()
     expect(page.get_by_role("alert")).to_have_text("The file is not valid JSON.")

@@ -38,6 +38,7 @@ def test_an_upload_is_imported_by_the_worker_and_its_progress_ends_done(
             and body
         )
     )
+    assert seen  # (wait_until returns what held)
     assert (seen["status"], seen["total"], seen["done"], seen["imported"]) == ("done", 30, 30, 30)
     assert Conversation.objects.filter(owner=user).count() == 30
     assert not ImportJob.objects.get(pk=job_id).chunks.exists()
@@ -59,6 +60,7 @@ def test_a_malformed_upload_fails_on_the_worker_with_nothing_written(
             and body
         )
     )
+    assert seen  # (wait_until returns what held)
     assert seen["status"] == "failed"
     assert seen["error"]["code"] == "import_wrong_shape"
     assert seen["error"]["detail"] == {"conversation": 1}

@@ -25,6 +25,7 @@ from chatsite.beat import SeedOnceDatabaseScheduler
 from chatsite.catalog import catalog_changed
 from chatsite.celery import app
 from chatsite.redis import sync_redis
+from chatsite.testing import budget
 from conversations import removal
 from conversations.events import user_event_publish, user_events_key
 from conversations.models import Attachment, BranchSummary, Conversation, Message
@@ -307,12 +308,12 @@ def test_the_event_stream_carries_the_users_events_and_no_one_elses(
     user: User, other_user: User, live_edge: LiveEdge
 ) -> None:
     _, raw_key = api_key_create(user=user, name="events")
-    anonymous = httpx.get(f"{live_edge.url}/api/v1/events/stream", timeout=5)
+    anonymous = httpx.get(f"{live_edge.url}/api/v1/events/stream", timeout=budget(60))
     assert anonymous.status_code == 401
 
     headers = {"Authorization": f"Bearer {raw_key}"}
     with httpx.stream(
-        "GET", f"{live_edge.url}/api/v1/events/stream", headers=headers, timeout=10
+        "GET", f"{live_edge.url}/api/v1/events/stream", headers=headers, timeout=budget(60)
     ) as response:
         assert response.status_code == 200
         assert response.headers["content-type"].startswith("text/event-stream")

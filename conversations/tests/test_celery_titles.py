@@ -7,7 +7,6 @@ be checked exactly); the end-to-end test asks real vLLM workers through the whol
 from __future__ import annotations
 
 import json
-import time
 from typing import Any
 
 import pytest
@@ -26,7 +25,11 @@ from inference.models import Generation, ModelPool, Worker
 from inference.services import generation_finish
 from inference.tests.fixtures import RealWorker, register_pool, running_schedulers, wait_for
 
-from .celery_worker import live_celery_worker, wait_until  # noqa: F401 (a fixture)
+from .celery_worker import (  # noqa: F401 (a fixture)
+    live_celery_worker,
+    wait_for_queued_tasks,
+    wait_until,
+)
 
 FAKE_TITLE = "tok0 tok1 tok2 tok3 tok4 tok5 tok6 tok7"
 
@@ -84,6 +87,7 @@ def test_the_first_exchange_gets_a_title_and_open_pages_hear_of_it(
     conversation = wait_until(
         lambda: Conversation.objects.filter(pk=turn.conversation.pk).exclude(title="").first()
     )
+    assert conversation is not None  # (wait_until returns what held)
     assert conversation.title == FAKE_TITLE
     assert conversation.title_set_by_user is False
     (request,) = fake.requests
@@ -106,7 +110,7 @@ def test_only_the_first_exchange_asks_for_a_title(user: User, fake_workers: Any)
 
     second = turn_send(user=user, conversation=turn.conversation, content="And rye bread?")
     generation_finish(generation_id=second.generation.id, status="complete", text="Denser.")
-    time.sleep(1.0)  # a second title task, if one were queued, would have run by now
+    wait_for_queued_tasks()  # a second title task, had one been queued, has run
     assert len(fake.requests) == 1
 
 
@@ -119,7 +123,7 @@ def test_a_failed_first_answer_asks_for_no_title(user: User, fake_workers: Any) 
     conversation = conversation_create(owner=user)
     turn = turn_send(user=user, conversation=conversation, content="Hello?")
     generation_finish(generation_id=turn.generation.id, status="failed", text="")
-    time.sleep(1.0)
+    wait_for_queued_tasks()  # a title task, had one been queued, has run
     assert fake.requests == []
     assert Conversation.objects.get(pk=conversation.pk).title == ""
 
@@ -136,7 +140,7 @@ def test_a_title_the_user_sets_while_the_model_writes_one_is_kept(
     wait_until(lambda: fake.running == 1)
     conversation_rename(conversation=turn.conversation, title="My bread notes")
     wait_until(lambda: len(fake.requests) == 1 and fake.running == 0)
-    time.sleep(0.5)  # the task's conditional write happens right after the answer
+    wait_for_queued_tasks()  # the title task has ended: its conditional write is done
 
     conversation = Conversation.objects.get(pk=turn.conversation.pk)
     assert conversation.title == "My bread notes"
@@ -199,7 +203,7 @@ async def test_a_real_model_titles_a_real_first_exchange(
         return bool(conversation.title)
 
     async with running_schedulers():
-        await wait_for(answered, within=120)
+        await wait_for(answered, within=120)  # a real model's answer
     generation = await Generation.objects.aget(pk=turn.generation.id)
     assert generation.status == Generation.Status.COMPLETE, generation.error_message
     await wait_for(titled, within=120, every=0.25)

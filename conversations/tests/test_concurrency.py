@@ -11,6 +11,7 @@ import pytest
 from django.db import connection
 
 from chatsite.errors import ServiceError
+from chatsite.testing import budget
 from conversations.models import Conversation, Message
 from conversations.selectors import active_branch
 from conversations.services import Written, message_send
@@ -36,7 +37,8 @@ def run_together(*calls: Callable[[], Any]) -> list[Any]:
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(timeout=30)
+        thread.join(timeout=budget(60))
+        assert not thread.is_alive(), "a writer did not finish"
     return outcomes
 
 

@@ -291,6 +291,7 @@ def test_suggestions_are_stored_as_suggested_and_told_only_once_confirmed(
     suggestions = wait_until(
         lambda: list(MemoryFact.objects.filter(owner=user).order_by("text")) or None
     )
+    assert suggestions is not None  # (wait_until returns what held)
     assert [(s.text, s.status, s.conversation_id) for s in suggestions] == [
         ("The user is a night-shift nurse.", "suggested", conversation.pk),
         ("The user lives in Lyon.", "suggested", conversation.pk),

@@ -24,6 +24,7 @@ from openai.types.chat import (
 )
 
 from accounts.services import api_key_create
+from chatsite.testing import budget
 from conversations.models import Conversation, Message
 from conversations.openai_api.shapes import Answer
 from inference.models import Generation, Worker
@@ -411,7 +412,10 @@ def test_real_model_calls_a_client_tool_and_answers_from_its_result(
     register_real_workers(real_workers, max_output_tokens=256)
     scheduler()
     client = openai.OpenAI(
-        base_url=f"{live_edge.url}/v1", api_key=key_for(user), max_retries=0, timeout=180
+        base_url=f"{live_edge.url}/v1",
+        api_key=key_for(user),
+        max_retries=0,
+        timeout=budget(180),  # a real model's answer
     )
 
     called = client.chat.completions.create(
