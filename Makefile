@@ -33,6 +33,7 @@ help:
 	@echo "make test   lint, types and the whole suite against real Postgres, Redis and vLLM"
 	@echo "make test-slow  make test with one core kept busy, as on a slow machine"
 	@echo "make lint   ruff, mypy and the layering contracts (lint-imports) only"
+	@echo "make peers  install LiteLLM proxy and Open WebUI for benchmarks/overhead.py"
 
 EXAMPLE_PLUGIN := examples/chatsite-example-plugin
 
@@ -67,6 +68,19 @@ $(ROUTERS_VENV)/.installed: requirements-routers.txt
 
 .PHONY: routers-venv
 routers-venv: $(ROUTERS_VENV)/.installed
+
+# The gateway peers benchmarks/overhead.py measures the service against, each in its own
+# environment: LiteLLM proxy and Open WebUI (about 7 GB). Not part of `make test`: the suite's
+# smoke run of the benchmark goes without them.
+PEER_VENVS := .venv-litellm .venv-openwebui
+.venv-%/.installed: requirements-peer-%.txt
+	test -x .venv-$*/bin/python || $(PYTHON) -m venv .venv-$*
+	.venv-$*/bin/python -m pip install --quiet --upgrade pip
+	.venv-$*/bin/python -m pip install --quiet -r requirements-peer-$*.txt
+	touch $@
+
+.PHONY: peers
+peers: $(addsuffix /.installed,$(PEER_VENVS))
 
 .PHONY: services
 services:

@@ -49,7 +49,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -70,7 +70,15 @@ from benchmarks.common import (  # noqa: E402
     write_result,
 )
 from benchmarks.openai_api import ms, prepare, start, stop, wait_up  # noqa: E402
-from benchmarks.overhead import cpu_seconds, pids_named, sse_events  # noqa: E402
+from benchmarks.overhead import (  # noqa: E402
+    CELERY_COMMAND,
+    celery_ready,
+    children_by_parent,
+    cpu_seconds,
+    pids_named,
+    sse_events,
+    with_descendants,
+)
 from benchmarks.scheduler_affinity import POLICY_LINES, SYSTEM_HEAD, turn_content  # noqa: E402
 from chatsite.stream_events import TERMINAL_EVENTS, StreamEvent  # noqa: E402
 
@@ -81,7 +89,6 @@ SYSTEM_TOKENS = 530
 TARGET_MS = 30  # CPU per message the issue asks for
 # The done event's status of a finished answer (Generation.Status.COMPLETE).
 COMPLETE = "complete"
-CELERY_COMMAND = ["-A", "chatsite", "worker", "--loglevel", "WARNING", "--concurrency", "2"]
 # kombu's Redis transport: tasks wait in a list named after their queue, and a task taken
 # but not yet acknowledged (acks_late) waits in this hash.
 CELERY_QUEUE, CELERY_UNACKED = "celery", "unacked"
@@ -98,29 +105,6 @@ class Processes:
     edges: list[int]
     scheduler: int
     celery: int
-
-
-def children_by_parent() -> dict[int, list[int]]:
-    children: dict[int, list[int]] = collections.defaultdict(list)
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            # The parent's pid is the second field after the command's closing parenthesis.
-            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue
-        children[parent].append(int(entry.name))
-    return children
-
-
-def with_descendants(roots: Sequence[int], children: Mapping[int, list[int]]) -> list[int]:
-    found, pending = [], list(roots)
-    while pending:
-        pid = pending.pop()
-        found.append(pid)
-        pending.extend(children.get(pid, ()))
-    return found
 
 
 def service_pids(processes: Processes) -> dict[str, list[int]]:
@@ -158,16 +142,6 @@ class Span:
 
 
 # Celery
-
-
-def celery_ready(process: subprocess.Popen[bytes], log: Path) -> None:
-    """Until the worker answers a ping (its prefork children are up by then)."""
-    from chatsite.celery import app
-
-    deadline = time.monotonic() + 60
-    while not app.control.ping(timeout=1.0):
-        if process.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"The Celery worker did not come up:\n{log.read_text()[-2000:]}")
 
 
 def celery_tasks() -> collections.Counter[str] | None:

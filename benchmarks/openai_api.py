@@ -127,6 +127,9 @@ async def one(client: openai.AsyncOpenAI, model: str, messages: Any, max_tokens:
     sample = Sample()
     started = time.perf_counter()
     first = last = 0.0
+    # A gateway that drops the usage chunk (`stream_options`) is read by its chunks: vLLM
+    # sends one token per chunk.
+    chunks = 0
     try:
         stream = await client.chat.completions.create(
             model=model,
@@ -138,6 +141,7 @@ async def one(client: openai.AsyncOpenAI, model: str, messages: Any, max_tokens:
         )
         async for chunk in stream:
             if chunk.choices and chunk.choices[0].delta.content:
+                chunks += 1
                 last = time.perf_counter()
                 if sample.ttft is None:
                     first = last
@@ -147,6 +151,7 @@ async def one(client: openai.AsyncOpenAI, model: str, messages: Any, max_tokens:
     except openai.APIError as exc:
         sample.error = f"{type(exc).__name__}: {exc}"[:200]
         return sample
+    sample.tokens = sample.tokens or chunks
     if sample.tokens > 1 and last > first:
         sample.decode_tps = (sample.tokens - 1) / (last - first)
     return sample

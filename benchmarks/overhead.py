@@ -45,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -80,16 +80,34 @@ from benchmarks.openai_api import (  # noqa: E402
     stop,
     wait_up,
 )
+from benchmarks.peers import PEERS, STARTERS, Peer, parse_peers  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_overhead_bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/12"
+# The sides every run has; the peers (`--peers`) come after them.
 SIDES = ("direct", "v1", "conversations")
+SERVICE_SIDES = ("v1", "conversations")
+# The service's kinds of process, whose CPU a service side is charged (and direct's column
+# shows: the service idling meanwhile). A peer side is charged its own process tree.
+SERVICE_KINDS = ("edge", "scheduler", "celery", "postgres", "redis")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
+# As the Procfile runs it (beat included: its periodic tasks are part of the service's work).
+CELERY_COMMAND = ["-A", "chatsite", "worker", "-B", "--loglevel", "WARNING", "--concurrency", "2"]
+CELERY_START_SECONDS = 120
+# The issue's bars (#34): at 1 stream the TTFT p50 ratio to direct at most this ...
+ALONE_TTFT_RATIO = 1.10
+# ... and a kept conversation turn's CPU at most this many times Open WebUI's per answer.
+KEPT_CPU_OVER_OPENWEBUI = 1.5
+
+
+def side_kinds(side: str) -> tuple[str, ...]:
+    """The kinds of process whose CPU is charged to `side`."""
+    return (side,) if side in PEERS else SERVICE_KINDS
 
 
 @dataclass
 class Result:
-    """One side at one level, with the POST times and the service's CPU."""
+    """One side at one level, with the POST times and the CPU of the side's processes."""
 
     level: Level
     posts: list[float] = field(default_factory=list)
@@ -100,7 +118,7 @@ class Result:
         return sum(self.cpu.values()) / answers if answers else float("nan")
 
 
-# The service's processes and their CPU time
+# The processes and their CPU time
 
 
 def cpu_seconds(pid: int) -> float:
@@ -125,14 +143,48 @@ def pids_named(name: str) -> list[int]:
     return found
 
 
-def service_cpu(edges: Sequence[int], scheduler: int) -> dict[str, float]:
-    """CPU seconds so far of each kind of process the service runs (not the workers)."""
-    return {
-        "edge": sum(cpu_seconds(pid) for pid in edges),
-        "scheduler": cpu_seconds(scheduler),
-        "postgres": sum(cpu_seconds(pid) for pid in pids_named("postgres")),
-        "redis": sum(cpu_seconds(pid) for pid in pids_named("redis-server")),
-    }
+def children_by_parent() -> dict[int, list[int]]:
+    children: dict[int, list[int]] = collections.defaultdict(list)
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            # The parent's pid is the second field after the command's closing parenthesis.
+            parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        children[parent].append(int(entry.name))
+    return children
+
+
+def with_descendants(roots: Sequence[int], children: Mapping[int, list[int]]) -> list[int]:
+    found, pending = [], list(roots)
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        pending.extend(children.get(pid, ()))
+    return found
+
+
+def cpu_by_kind(roots: Mapping[str, Sequence[int]]) -> dict[str, float]:
+    """CPU seconds so far of each kind of process: the processes started here (`roots`, each
+    with every process under it: a child that exited and was waited for is in its parent's
+    counters, so a tree's sum loses nothing), and every `postgres` and `redis-server` process
+    on the machine (shared servers: any other load on them counts too)."""
+    children = children_by_parent()
+    pids = {kind: with_descendants(found, children) for kind, found in roots.items()}
+    pids |= {"postgres": pids_named("postgres"), "redis": pids_named("redis-server")}
+    return {kind: sum(map(cpu_seconds, found)) for kind, found in pids.items()}
+
+
+def celery_ready(process: subprocess.Popen[bytes], log: Path) -> None:
+    """Until the worker answers a ping (its prefork children are up by then)."""
+    from chatsite.celery import app
+
+    deadline = time.monotonic() + CELERY_START_SECONDS
+    while not app.control.ping(timeout=1.0):
+        if process.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"The Celery worker did not come up:\n{log.read_text()[-2000:]}")
 
 
 # The conversation API as a client
@@ -219,16 +271,32 @@ async def run_side(
 
 @dataclass
 class Service:
+    """What was started: the service's processes and the peers, and how to call them."""
+
     edge_urls: list[str]
-    edge_pids: list[int]
-    scheduler_pid: int
+    roots: dict[str, list[int]]  # kind of process -> the pids started (edge, scheduler, ...)
     raw_key: str
     model: str
+    peers: list[Peer] = field(default_factory=list)
+
+    @property
+    def sides(self) -> list[str]:
+        return [*SIDES, *(peer.side for peer in self.peers)]
+
+
+async def idle_cpu(service: Service, seconds: float) -> dict[str, float]:
+    """CPU milliseconds per second of each kind of process while nothing is asked of it."""
+    before = cpu_by_kind(service.roots)
+    started = time.monotonic()
+    await asyncio.sleep(seconds)
+    after = cpu_by_kind(service.roots)
+    elapsed = time.monotonic() - started
+    return {kind: (after[kind] - before[kind]) * 1000 / elapsed for kind in before}
 
 
 async def measure(
     args: argparse.Namespace, service: Service, urls: list[str], profile: Callable[[str], Any]
-) -> tuple[list[dict[str, Result]], str]:
+) -> tuple[list[dict[str, Result]], dict[str, float], str]:
     direct = [openai.AsyncOpenAI(base_url=f"{u}/v1", api_key="none", max_retries=0) for u in urls]
     v1 = [
         openai.AsyncOpenAI(base_url=f"{u}/v1", api_key=service.raw_key, max_retries=0)
@@ -244,18 +312,26 @@ async def measure(
         )
         for u in service.edge_urls
     ]
+    peers = {peer.side: peer for peer in service.peers}
     served = (await direct[0].models.list()).data[0].id
     await one(v1[0], service.model, prompt("warm", 0), 4)
     await one(direct[0], served, prompt("warm", 0), 4)
     await conversation_one(conversations[0], prompt("warm", 0), [])
+    for peer in peers.values():
+        warm = await one(peer.client, peer.model, prompt("warm", 0), 4)
+        if warm.error is not None:
+            raise SystemExit(f"{peer.side} does not answer: {warm.error}")
+    idle = await idle_cpu(service, args.idle)
 
+    sides = service.sides
     levels: list[dict[str, Result]] = []
     for index, concurrency in enumerate(args.concurrency):
         requests = max(concurrency * args.rounds, args.min_requests)
         results: dict[str, Result] = {}
-        order = list(SIDES[index % 3 :] + SIDES[: index % 3])
-        for side in order:
-            profiled = side != "direct" and concurrency == (
+        # The order rotates per level, so no side always runs on a warmer machine.
+        shift = index % len(sides)
+        for side in sides[shift:] + sides[:shift]:
+            profiled = side in SERVICE_SIDES and concurrency == (
                 args.profile_level or max(args.concurrency)
             )
             profiling = profile(f"{side}-x{concurrency}") if profiled else None
@@ -268,13 +344,16 @@ async def measure(
                     return await one(direct[i % len(direct)], served, messages, args.max_tokens)
                 if side == "v1":
                     return await one(v1[i % len(v1)], service.model, messages, args.max_tokens)
+                if side in peers:
+                    peer = peers[side]
+                    return await one(peer.client, peer.model, messages, args.max_tokens)
                 client = conversations[i % len(conversations)]
                 return await conversation_one(client, messages, result.posts)
 
-            before = service_cpu(service.edge_pids, service.scheduler_pid)
+            before = cpu_by_kind(service.roots)
             result.level = await run_side(side, run, concurrency=concurrency, requests=requests)
-            after = service_cpu(service.edge_pids, service.scheduler_pid)
-            result.cpu = {kind: after[kind] - before[kind] for kind in before}
+            after = cpu_by_kind(service.roots)
+            result.cpu = {kind: after[kind] - before[kind] for kind in side_kinds(side)}
             results[side] = result
             if profiling is not None:
                 profiling()
@@ -283,16 +362,18 @@ async def measure(
                 f"in {result.level.wall:.1f} s",
                 flush=True,
             )
-        levels.append(results)
+        levels.append({side: results[side] for side in sides})
     for client in conversations:
         await client.aclose()
     facts = (
         f"overhead benchmark, {datetime.now(UTC):%Y-%m-%d %H:%M} UTC, {platform.node()}, "
         f"{os.cpu_count()} CPUs; workers {', '.join(urls)} ({served}); {len(service.edge_urls)} "
-        f"edge process(es); max_tokens {args.max_tokens}, temperature 0, >= {args.rounds} "
-        f"requests per stream slot (at least {args.min_requests}) per level"
+        f"edge process(es), 1 scheduler, 1 Celery worker (-B); peers: "
+        f"{', '.join(peers) or 'none'}; max_tokens {args.max_tokens}, temperature 0, "
+        f">= {args.rounds} requests per stream slot (at least {args.min_requests}) per level; "
+        f"sides in rotating order per level"
     )
-    return levels, facts
+    return levels, idle, facts
 
 
 # The report
@@ -309,13 +390,12 @@ def table(levels: list[dict[str, Result]]) -> str:
         "POST p99 ms",
         "decode tok/s p50",
         "output tok/s",
-        "service CPU ms/answer",
+        "CPU ms/answer",
     ]
     rows = []
     for results in levels:
         direct = results["direct"].level
-        for side in SIDES:
-            result = results[side]
+        for side, result in results.items():
             level = result.level
             rows.append(
                 [
@@ -331,8 +411,10 @@ def table(levels: list[dict[str, Result]]) -> str:
                     ms(result.cpu_per_answer()),
                 ]
             )
-        for side in SIDES[1:]:
-            level = results[side].level
+        for side, result in results.items():
+            if side == "direct":
+                continue
+            level = result.level
             rows.append(
                 [
                     str(level.concurrency),
@@ -347,25 +429,111 @@ def table(levels: list[dict[str, Result]]) -> str:
                     "",
                 ]
             )
-    return render(headers, rows)
+    note = (
+        "CPU ms/answer: the side's own processes over its run, idle work included (a peer: its "
+        "process tree; the service: edge, scheduler, Celery, Postgres, Redis; direct: the "
+        "service idling meanwhile)"
+    )
+    return render(headers, rows) + "\n" + note
 
 
 def cpu_table(levels: list[dict[str, Result]]) -> str:
-    """Where the service's CPU went, per answer, per kind of process."""
-    kinds = ["edge", "scheduler", "postgres", "redis"]
+    """Where each side's CPU went, per answer, per kind of process."""
+    kinds = list(
+        dict.fromkeys(kind for results in levels for r in results.values() for kind in r.cpu)
+    )
     rows = []
     for results in levels:
-        for side in SIDES:
-            result = results[side]
+        for side, result in results.items():
             answers = len(result.level.ok) or 1
             rows.append(
                 [
                     str(result.level.concurrency),
                     side,
-                    *(ms(result.cpu.get(kind, 0.0) / answers) for kind in kinds),
+                    *(
+                        ms(result.cpu[kind] / answers) if kind in result.cpu else ""
+                        for kind in kinds
+                    ),
                 ]
             )
     return render(["streams", "side", *(f"{k} CPU ms/answer" for k in kinds)], rows)
+
+
+def idle_table(idle: Mapping[str, float], seconds: float) -> str:
+    rows = [[kind, f"{rate:.1f}"] for kind, rate in idle.items()]
+    return render([f"process (idle {seconds:.0f} s)", "idle CPU ms/s"], rows)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One of the issue's bars, as this run measured it."""
+
+    what: str
+    ours: float
+    bar: float
+    higher_is_better: bool = False
+
+    @property
+    def met(self) -> bool:
+        return self.ours >= self.bar if self.higher_is_better else self.ours <= self.bar
+
+    def row(self) -> list[str]:
+        sign = ">=" if self.higher_is_better else "<="
+        return [
+            self.what,
+            f"{self.ours:.2f}",
+            f"{sign} {self.bar:.2f}",
+            "met" if self.met else "NOT met",
+        ]
+
+
+def checks(levels: list[dict[str, Result]]) -> list[Check]:
+    """The bars #34 sets, against the better peer of this run; none without peers."""
+    found: list[Check] = []
+    for results in levels:
+        peers = [side for side in results if side in PEERS]
+        direct = results["direct"].level
+        ours = results["v1"].level
+        n = direct.concurrency
+        ttft = ours.ttft(50) / direct.ttft(50)
+        if n == 1:
+            found.append(Check(f"x{n} v1 TTFT p50 / direct", ttft, ALONE_TTFT_RATIO))
+        elif peers:
+            best_ttft = min(results[p].level.ttft(50) for p in peers) / direct.ttft(50)
+            best_tps = max(results[p].level.throughput() for p in peers) / direct.throughput()
+            found.append(Check(f"x{n} v1 TTFT p50 / direct vs the better peer", ttft, best_ttft))
+            found.append(
+                Check(
+                    f"x{n} v1 tok/s / direct vs the better peer",
+                    ours.throughput() / direct.throughput(),
+                    best_tps,
+                    higher_is_better=True,
+                )
+            )
+        if "openwebui" in results:
+            webui = results["openwebui"].cpu_per_answer() * 1000
+            found.append(
+                Check(
+                    f"x{n} v1 CPU ms/answer vs Open WebUI",
+                    results["v1"].cpu_per_answer() * 1000,
+                    webui,
+                )
+            )
+            found.append(
+                Check(
+                    f"x{n} conversation turn CPU ms/answer vs "
+                    f"{KEPT_CPU_OVER_OPENWEBUI}x Open WebUI's",
+                    results["conversations"].cpu_per_answer() * 1000,
+                    webui * KEPT_CPU_OVER_OPENWEBUI,
+                )
+            )
+    return found
+
+
+def checks_table(found: Sequence[Check]) -> str:
+    if not found:
+        return "bars: none to check (no peers ran)"
+    return render(["bar (#34)", "this run", "bar", "verdict"], [check.row() for check in found])
 
 
 def errors(levels: list[dict[str, Result]]) -> str:
@@ -389,7 +557,7 @@ def plot(levels: list[dict[str, Result]], out: Path) -> bool:
         return False
     figure, (ttft, tps) = plt.subplots(1, 2, figsize=(11, 4))
     x = [results["direct"].level.concurrency for results in levels]
-    for side in SIDES:
+    for side in levels[0]:
         ttft.plot(x, [r[side].level.ttft(50) * 1000 for r in levels], marker="o", label=side)
         tps.plot(x, [r[side].level.throughput() for r in levels], marker="o", label=side)
     for axes, title in ((ttft, "TTFT p50 (ms)"), (tps, "output tokens/s")):
@@ -514,6 +682,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--profile-level", type=int, default=0, help="the level to profile (default: highest)"
     )
+    parser.add_argument(
+        "--peers",
+        default="auto",
+        type=parse_peers,
+        help="litellm, openwebui (comma-separated), none, or auto: those `make peers` installed",
+    )
+    parser.add_argument(
+        "--idle", type=float, default=10.0, help="seconds of idle CPU measured before the levels"
+    )
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     return parser.parse_args(argv)
 
@@ -523,6 +700,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     urls = [url.strip().rstrip("/") for url in args.workers.split(",") if url.strip()]
     if not urls:
         raise SystemExit("Give the workers: --workers URL[,URL] (or CHATSITE_E2E_WORKER_URLS).")
+    # SIGTERM as SystemExit, so that the `finally` below stops what was started.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
     django_start(database_url=DEFAULT_DATABASE_URL, redis_url=DEFAULT_REDIS_URL)
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # the openai client's own httpx
     prepare_stores()
@@ -543,31 +722,62 @@ def main(argv: Sequence[str] | None = None) -> int:
     logs = Path(tempfile.mkdtemp(prefix="overhead-bench-"))
     env = service_env()
     ports = [free_port() for _ in range(args.edges)]
-    edges = [start(edge_command(port), logs / f"edge-{port}.log", env) for port in ports]
-    scheduler = start(
-        [sys.executable, "manage.py", "run_scheduler", "--replica-id", "overhead-bench"],
-        logs / "scheduler.log",
-        env,
-    )
-    edge_urls = [f"http://127.0.0.1:{port}" for port in ports]
-    service = Service(
-        edge_urls=edge_urls,
-        edge_pids=[edge.pid for edge in edges],
-        scheduler_pid=scheduler.pid,
-        raw_key=raw_key,
-        model=settings.DEFAULT_MODEL,
-    )
-    targets = {"edge": edges[0].pid, "scheduler": scheduler.pid}
-    profile = profiler(args.profile, targets)
+    started: dict[str, subprocess.Popen[bytes]] = {}
+    peers: list[Peer] = []
     try:
-        for url, edge, port in zip(edge_urls, edges, ports, strict=True):
-            wait_up(f"{url}/v1/models", edge, logs / f"edge-{port}.log")
-        levels, facts = asyncio.run(measure(args, service, urls, profile))
+        for port in ports:
+            started[f"edge-{port}"] = start(edge_command(port), logs / f"edge-{port}.log", env)
+        started["scheduler"] = start(
+            [sys.executable, "manage.py", "run_scheduler", "--replica-id", "overhead-bench"],
+            logs / "scheduler.log",
+            env,
+        )
+        started["celery"] = start(
+            [str(Path(sys.executable).parent / "celery"), *CELERY_COMMAND],
+            logs / "celery.log",
+            # Celery's prefork children must not inherit a connection pool (see the Procfile).
+            {**env, "DB_POOL_MAX_SIZE": "0"},
+        )
+        edge_urls = [f"http://127.0.0.1:{port}" for port in ports]
+        for url, port in zip(edge_urls, ports, strict=True):
+            wait_up(f"{url}/v1/models", started[f"edge-{port}"], logs / f"edge-{port}.log")
+        celery_ready(started["celery"], logs / "celery.log")
+        for name in args.peers:
+            peer = STARTERS[name](start, urls=urls, served=served, port=free_port(), folder=logs)
+            started[name] = peer.process
+            peers.append(peer)
+        roots = {
+            "edge": [started[f"edge-{port}"].pid for port in ports],
+            "scheduler": [started["scheduler"].pid],
+            "celery": [started["celery"].pid],
+            **{peer.side: [peer.process.pid] for peer in peers},
+        }
+        service = Service(
+            edge_urls=edge_urls,
+            roots=roots,
+            raw_key=raw_key,
+            model=settings.DEFAULT_MODEL,
+            peers=peers,
+        )
+        targets = {"edge": roots["edge"][0], "scheduler": started["scheduler"].pid}
+        profile = profiler(args.profile, targets)
+        levels, idle, facts = asyncio.run(measure(args, service, urls, profile))
     finally:
-        for edge in edges:
-            stop(edge)
-        stop(scheduler)
-    parts = [facts, "", table(levels), "", cpu_table(levels), "", errors(levels)]
+        for process in started.values():
+            stop(process)
+    parts = [
+        facts,
+        "",
+        table(levels),
+        "",
+        cpu_table(levels),
+        "",
+        idle_table(idle, args.idle),
+        "",
+        checks_table(checks(levels)),
+        "",
+        errors(levels),
+    ]
     if args.profile is not None:
         parts += ["", *(top_functions(p) for p in sorted(args.profile.glob("*.txt")))]
     report = "\n".join(parts)

@@ -1,5 +1,6 @@
 """A tiny run of `benchmarks/overhead.py` against the suite's real workers, so that the
-benchmark keeps working: every side answers, and its table is read back."""
+benchmark keeps working: every side answers, and its tables are read back. The peers (LiteLLM
+proxy, Open WebUI) are not installed by `make test`: the smoke run goes without them."""
 
 from __future__ import annotations
 
@@ -24,6 +25,7 @@ def test_the_overhead_benchmark_measures_every_side(
             *("--workers", real_workers[0].url),
             *("--concurrency", "1", "--rounds", "1", "--min-requests", "1"),
             *("--max-tokens", "4", "--results", str(tmp_path), "--profile", str(tmp_path)),
+            *("--peers", "none", "--idle", "1"),
         ],
         database_suffix="_overhead_smoke_bench",
         redis_db=13,
@@ -41,6 +43,13 @@ def test_the_overhead_benchmark_measures_every_side(
         assert int(rows[side]["ttft"]) > 0, report
     assert re.search(r"^1\s+conversations/direct\s+\d+\.\d\d", report, re.M), report
     assert "errors: none" in report
+    # Each kind of the service's process, Celery's included, is charged and measured idle.
+    assert re.search(r"^streams\s+side\s+edge CPU.*celery CPU ms/answer", report, re.M), report
+    idle = dict(re.findall(r"^(edge|scheduler|celery|postgres|redis)\s+(\d+\.\d)$", report, re.M))
+    assert set(idle) == {"edge", "scheduler", "celery", "postgres", "redis"}, report
+    assert re.search(
+        r"^x1 v1 TTFT p50 / direct\s+\d+\.\d\d\s+<= 1.10\s+(met|NOT met)$", report, re.M
+    )
     # py-spy recorded the edge and the scheduler while each service side ran.
     assert {p.name for p in tmp_path.glob("*-x1.txt")} == {
         "edge-v1-x1.txt",
