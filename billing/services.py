@@ -27,9 +27,19 @@ from django.utils.module_loading import import_string
 from chatsite.errors import ServiceError
 from chatsite.vanishing import unless_vanished
 from inference.models import Generation, ModelPool
+from inference.selectors import generation_in_flight
+from inference.unkept import UnkeptGeneration
 
 from . import quota
 from .errors import ErrorCode
+from .ledger import (
+    charged,
+    consumed_nothing,
+    ledger_flush,
+    settle_used,
+    usage_event,
+    usage_owe,
+)
 from .models import (
     Invoice,
     Plan,
@@ -39,7 +49,7 @@ from .models import (
     Subscription,
     UsageEvent,
 )
-from .pricing import generation_cost_micros, micros_to_minor
+from .pricing import micros_to_minor
 from .providers import PaymentProvider
 from .selectors import (
     period_bounds,
@@ -137,7 +147,11 @@ def _refusal(
 
 
 def reservation_create(
-    *, generation: Generation, prompt_tokens: int, limits: quota.Limits, now: int | None = None
+    *,
+    generation: Generation | UnkeptGeneration,
+    prompt_tokens: int,
+    limits: quota.Limits,
+    now: int | None = None,
 ) -> quota.Outcome:
     """Reserve what `generation` may consume against every scope of the user's plan, at once.
 
@@ -198,19 +212,6 @@ def reservation_release(
 # The ledger
 
 
-def _charged(generation: Generation, held: quota.Held | None) -> tuple[int, int]:
-    """(prompt, output) tokens a final generation is charged for.
-
-    What `generation_finish` recorded; a generation that produced text but reported no prompt
-    usage (swept after its scheduler died) is charged the prompt estimate it reserved.
-    """
-    output = generation.output_tokens or 0
-    prompt = generation.prompt_tokens
-    if prompt is None:
-        prompt = held.prompt_tokens if held is not None and output > 0 else 0
-    return prompt, output
-
-
 def usage_record(*, generation: Generation, now: int | None = None) -> bool:
     """Write the usage event of a final generation (once: its id is the dedup key) and settle
     its reservation with the real usage: unused tokens back, overruns charged, slot freed.
@@ -220,12 +221,8 @@ def usage_record(*, generation: Generation, now: int | None = None) -> bool:
     if not generation.is_final:
         raise ValueError("usage is recorded once a generation is final")
     held = quota.held(user_id=generation.user_id, reservation_id=str(generation.id))
-    prompt, output = _charged(generation, held)
-    # Priced as the pool that answered (a fallback's, when the overload policy sent it
-    # there); counted against the plan's limits of the pool asked for, where it was reserved.
+    prompt, output = charged(generation, held)
     price = pool_price(pool_id=generation.served_pool_id or generation.pool_id)
-    input_price = price.input_micros_per_million if price else 0
-    output_price = price.output_micros_per_million if price else 0
     plan = plan_of(user_id=generation.user_id)
     # Recorded, or already there: INSERT ... ON CONFLICT DO NOTHING (in a transaction of its
     # own, three statements), where a read and then an insert in its own transaction took
@@ -237,24 +234,17 @@ def usage_record(*, generation: Generation, now: int | None = None) -> bool:
     ) as write:
         UsageEvent.objects.bulk_create(
             [
-                UsageEvent(
+                usage_event(
                     generation_id=generation.id,
                     user_id=generation.user_id,
                     pool_id=generation.pool_id,
+                    price=price,
                     plan=plan,
                     tier=generation.tier,
                     status=generation.status,
                     prompt_tokens=prompt,
                     output_tokens=output,
                     cached_tokens=generation.cached_tokens or 0,
-                    input_micros_per_million=input_price,
-                    output_micros_per_million=output_price,
-                    cost_micros=generation_cost_micros(
-                        prompt_tokens=prompt,
-                        output_tokens=output,
-                        input_price=input_price,
-                        output_price=output_price,
-                    ),
                     occurred_at=generation.finished_at or timezone.now(),
                 )
             ],
@@ -263,29 +253,22 @@ def usage_record(*, generation: Generation, now: int | None = None) -> bool:
     if write.vanished:
         return False
     if held is not None:
-        quota.settle(
-            user_id=generation.user_id,
-            pool_id=generation.pool_id,
-            reservation_id=str(generation.id),
-            tokens_per_minute=plan.tokens_per_minute,
-            charged_tokens=prompt + output,
-            # An answer that never reached a model (rejected, cancelled in the queue) does
-            # not count against the message cap.
-            refund_message=_consumed_nothing(generation.status, prompt + output),
-            now=quota.now_ms() if now is None else now,
+        settle_used(
+            generation, used=prompt + output, tokens_per_minute=plan.tokens_per_minute, now=now
         )
     return True
 
 
-def _consumed_nothing(status: str, charged_tokens: int) -> bool:
-    return status != Generation.Status.COMPLETE and charged_tokens == 0
-
-
-def generation_settle(*, generation: Generation) -> None:
-    """`usage_record` for the inference plane's finish hook: the answer is already final, so
-    a failure here is logged, not raised; the reconciler records it on its next run."""
+def generation_settle(*, generation: Generation | UnkeptGeneration) -> None:
+    """`usage_record` for the inference plane's finish hook (`usage_owe` for an answer
+    without a row: its event is written by the next `ledger_flush`): the answer is already
+    final, so a failure here is logged, not raised; the reconciler records it on its next
+    run."""
     try:
-        usage_record(generation=generation)
+        if isinstance(generation, UnkeptGeneration):
+            usage_owe(generation=generation)
+        else:
+            usage_record(generation=generation)
     except Exception:
         logger.exception("could not record the usage of generation %s", generation.id)
 
@@ -294,6 +277,7 @@ def generation_settle(*, generation: Generation) -> None:
 class ReconcileReport:
     """What one reconciliation repaired."""
 
+    events_flushed: int = 0
     events_recorded: int = 0
     reservations_settled: int = 0
     reservations_released: int = 0
@@ -308,9 +292,12 @@ class ReconcileReport:
 def usage_reconcile(*, now: datetime | None = None) -> ReconcileReport:
     """Make the ledger and the Redis counters agree with the generations, and repair drift.
 
-    1. Final generations without a usage event (a process died after the answer) get one.
+    1. The ledger's outbox is written (answers without a row whose replica died before it
+       flushed them), and final generations without a usage event (a process died after the
+       answer) get one.
     2. Reservations still open after the grace period: settled if their generation is final,
-       released if it never came to be, and their slot kept while it is still in flight.
+       released if it never came to be (or, without a row, is no longer in flight), and
+       their slot kept while it is still in flight.
     3. Each message-cap window holds exactly the messages that count in it: missing ones are
        put back (Redis lost them), stray ones taken out.
     """
@@ -318,6 +305,7 @@ def usage_reconcile(*, now: datetime | None = None) -> ReconcileReport:
     now_ms = int(now.timestamp() * 1000)
     grace = timedelta(seconds=settings.BILLING_RECONCILE_GRACE_SECONDS)
     report = ReconcileReport()
+    report.events_flushed = ledger_flush()
 
     unrecorded = (
         Generation.objects.filter(
@@ -335,7 +323,11 @@ def usage_reconcile(*, now: datetime | None = None) -> ReconcileReport:
     cutoff_ms = now_ms - int(grace.total_seconds() * 1000)
     for user_id, reservation_id in quota.open_reservations(before=cutoff_ms):
         generation = _generation_or_none(reservation_id)
-        if generation is None:
+        if generation is None and generation_in_flight(generation_id=reservation_id):
+            # An answer without a row, still running.
+            if quota.slot_extend(user_id=user_id, reservation_id=reservation_id, now=now_ms):
+                report.slots_kept += 1
+        elif generation is None:
             if reservation_release(user_id=user_id, reservation_id=reservation_id, now=now_ms):
                 report.reservations_released += 1
         elif generation.is_final:
@@ -377,7 +369,7 @@ def _caps_repair(*, now: datetime, grace: timedelta) -> tuple[int, int]:
     )
     for gid, user_id, pool_id, enqueued_at, status, prompt, output in generations:
         final = status in Generation.FINAL_STATUSES
-        if not (final and _consumed_nothing(status, (prompt or 0) + (output or 0))):
+        if not (final and consumed_nothing(status, (prompt or 0) + (output or 0))):
             counted.setdefault((user_id, pool_id), {})[str(gid)] = _ms(enqueued_at)
     events = UsageEvent.objects.filter(occurred_at__gte=since).values_list(
         "generation_id",
@@ -389,7 +381,7 @@ def _caps_repair(*, now: datetime, grace: timedelta) -> tuple[int, int]:
         "output_tokens",
     )
     for gid, user_id, pool_id, occurred_at, status, prompt, output in events:
-        if not _consumed_nothing(status, prompt + output):
+        if not consumed_nothing(status, prompt + output):
             counted.setdefault((user_id, pool_id), {}).setdefault(str(gid), _ms(occurred_at))
 
     now_ms = _ms(now)
@@ -416,7 +408,14 @@ def _caps_repair(*, now: datetime, grace: timedelta) -> tuple[int, int]:
             user_id=user_id, pool_id=pool_id, window_ms=limits.message_cap_window_ms, now=now_ms
         )
         missing = {gid: at for gid, at in in_window.items() if gid not in actual}
-        stray = [gid for gid, at in actual.items() if gid not in expected and at < stray_before]
+        stray = [
+            gid
+            for gid, at in actual.items()
+            if gid not in expected
+            and at < stray_before
+            # An answer without a row counts from its ledger event, once it has ended.
+            and not generation_in_flight(generation_id=gid)
+        ]
         if missing or stray:
             quota.cap_repair(
                 user_id=user_id,

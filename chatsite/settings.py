@@ -673,16 +673,7 @@ PLUGINS_SEARCH_MAX_CANDIDATES = env_int("PLUGINS_SEARCH_MAX_CANDIDATES", 20000)
 # model is asked once more with tool_choice "none" and must answer from what it has.
 TOOL_LOOP_MAX_ROUNDS = env_int("TOOL_LOOP_MAX_ROUNDS", 4)
 
-# The OpenAI-compatible API (/v1, conversations/openai_api/). After a client leaves a streamed
-# answer, how long the edge waits for its cancellation to land before it removes an unkept
-# conversation; the sweeper removes those left behind once they are this old.
-OPENAI_API_CANCEL_WAIT_SECONDS = env_int("OPENAI_API_CANCEL_WAIT_SECONDS", 60)
-OPENAI_API_UNKEPT_SWEEP_AFTER_SECONDS = env_int("OPENAI_API_UNKEPT_SWEEP_AFTER_SECONDS", 300)
-CELERY_IMPORTS = ["conversations.openai_api.tasks"]
-CELERY_BEAT_SCHEDULE["openai-api-sweep-unkept"] = {
-    "task": "conversations.openai_api.tasks.sweep_unkept_conversations",
-    "schedule": 60.0,
-}
+CELERY_IMPORTS: list[str] = []
 
 # Moderation (moderation/): classifiers chained by dotted path (a category's score is the
 # highest any of them gives), per-category thresholds (staff override them in admin), the

@@ -12,7 +12,6 @@ missed, then the live tail; any edge process serves any stream. While nothing ha
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import re
 import time
@@ -24,6 +23,7 @@ from asgiref.sync import SyncToAsync, sync_to_async
 from django.conf import settings
 from django.db import connections
 from django.http import HttpRequest, StreamingHttpResponse
+from msgspec.json import decode as decode_json
 from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
@@ -52,7 +52,8 @@ class Entry:
     data: str
 
     def payload(self) -> Any:
-        return json.loads(self.data)
+        # Read for every event of every stream the edge relays: msgspec is the faster reader.
+        return decode_json(self.data)
 
 
 def sse_response(events: AsyncIterator[bytes]) -> StreamingHttpResponse:

@@ -76,7 +76,7 @@ def _wipe(conversation: Conversation) -> None:
         try:
             conversation.refresh_from_db(from_queryset=Conversation.objects.select_for_update())
         except Conversation.DoesNotExist:
-            return  # dropped meanwhile (an unkept `/v1` one, its owner's account): nothing left
+            return  # dropped meanwhile (its owner's account): nothing left
         if conversation.deleted_at is not None:
             return
         conversation.current_leaf = None

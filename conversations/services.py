@@ -452,6 +452,22 @@ def conversation_write_new_branch(
     message's token count (not the placeholder's) before it is written, saving the updates
     the context's count would cost.
     """
+    written = branch_new(conversation=conversation, messages=messages, count_tokens=count_tokens)
+    # Within the caller's transaction, no savepoint: a failure here fails the turn whole.
+    with transaction.atomic(savepoint=False):
+        conversation.save(force_insert=True)
+        Message.objects.bulk_create(written.branch)
+    return written
+
+
+def branch_new(
+    *,
+    conversation: Conversation,
+    messages: Sequence[BranchTurn],
+    count_tokens: Callable[[str], int] | None = None,
+) -> Written:
+    """`conversation_write_new_branch` without the write: the branch as it would be saved
+    (checked, linked, counted), for a turn that keeps nothing (a `/v1` key's)."""
     _check_branch(messages)
     rows = [
         Message(
@@ -473,10 +489,6 @@ def conversation_write_new_branch(
         for message in branch[:-1]:  # the placeholder's is counted once it has its text
             message.content_tokens = count_tokens(message.content)
     conversation.current_leaf = placeholder
-    # Within the caller's transaction, no savepoint: a failure here fails the turn whole.
-    with transaction.atomic(savepoint=False):
-        conversation.save(force_insert=True)
-        Message.objects.bulk_create(branch)
     return Written(rows[-1], placeholder, branch)
 
 

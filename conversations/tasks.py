@@ -23,7 +23,6 @@ from . import memory, retention, summaries, titles
 from .context import AssembledContext
 from .models import Conversation, Message
 from .task_retry import RETRY_POLICY
-from .unkept import unkept_listed
 
 
 @shared_task(soft_time_limit=90, time_limit=120, **RETRY_POLICY)
@@ -60,8 +59,7 @@ def purge_expired_conversations() -> int:
 
 
 def title_request_after_answer(*, conversation: Conversation, status: str) -> None:
-    """Ask for a title after commit if an answer just completed in an untitled conversation
-    that stays (not a `/v1` one removed once answered: nobody would see its title).
+    """Ask for a title after commit if an answer just completed in an untitled conversation.
 
     Called in the transaction that finishes the answer, with the conversation as read by the
     finish's own statement: nothing more is read here. (A title written since that read is
@@ -70,10 +68,6 @@ def title_request_after_answer(*, conversation: Conversation, status: str) -> No
     if status != Message.Status.COMPLETE:
         return
     if conversation.title or conversation.title_set_by_user or conversation.deleted_at:
-        return
-    if conversation.source == Conversation.Source.API and unkept_listed(
-        conversation_id=conversation.pk
-    ):
         return
     conversation_id = str(conversation.pk)
 

@@ -18,8 +18,9 @@ With tracing on (`chatsite.tracing`), a turn is a `turn` span with one child per
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any
 
@@ -41,21 +42,25 @@ from billing.services import (
 from chatsite import dotted, logs, tracing
 from chatsite.errors import ServiceError
 from inference.models import Generation, ModelPool
+from inference.selectors import generation_stream_kept
 from inference.services import (
     GenerationRequest,
     generation_create,
     generation_enqueue,
+    generation_new_unkept,
     pool_ensure_room_for_new,
     pool_named,
 )
 from inference.tokens import pool_tokenizer
+from inference.unkept import UnkeptGeneration
+from moderation.engine import Verdict
 from moderation.models import Flag
 from moderation.services import flag_record, moderation_check_input, moderation_ensure_can_send
 
 from . import auto_model, services
 from .attachment_context import attachment_context
 from .auto_model import is_auto
-from .context import assemble_context, count_tokens
+from .context import AssembledContext, assemble_context, count_tokens
 from .memory import personal_preamble
 from .models import Conversation, Message
 from .removal import conversation_remove
@@ -292,30 +297,17 @@ def _write_and_start(
     # Moderation (issue 6), before anything is written or reserved: a suspended account is
     # refused every send, and a blocked text costs nothing and never reaches a worker. The
     # flag of a blocked text commits on its own here, so it survives the refusal.
-    with tracing.span("turn.accept"):
-        moderation_ensure_can_send(user=user)
-        plan = plan_for_user(user=user)
-        choice = _auto_choice(plan=plan, conversation=conversation, content=content)
-        pool = pool_named(model=choice.pool if choice else conversation.model)
-        # Billing is the one judge of whether the plan may use the model (403 if not).
-        limits = pool_limits(plan=plan, pool=pool)
-        pool_ensure_room_for_new(
-            pool=pool,
-            tier=plan.tier,
-            is_new=lambda: (
-                conversation._state.adding
-                or not Generation.objects.filter(conversation=conversation).exists()
-            ),
-        )
-        wanted = max_tokens or plan.max_output_tokens
-        max_tokens = min(wanted, plan.max_output_tokens, pool.max_output_tokens)
-    verdict = None
+    accepted = _accept(user=user, conversation=conversation, content=content, max_tokens=max_tokens)
+    plan, pool, limits, max_tokens = (
+        accepted.plan,
+        accepted.pool,
+        accepted.limits,
+        accepted.max_tokens,
+    )
     # A conversation written together with this turn has no row yet: a flag made before it
     # has none to point at (as after the conversation is removed on a refusal).
     saved = None if conversation._state.adding else conversation
-    if content is not None and content.strip() and len(content) <= settings.MESSAGE_MAX_CHARS:
-        with tracing.span("turn.moderate_input"):
-            verdict = moderation_check_input(user=user, conversation=saved, content=content)
+    verdict = _moderate_input(user=user, conversation=saved, content=content)
     generation: Generation | None = None
     try:
         with transaction.atomic():
@@ -334,7 +326,7 @@ def _write_and_start(
                 tool_choice=tool_choice,
                 branch=written.branch,
                 new_conversation=saved is None,
-                route=_auto_route(choice),
+                route=_auto_route(accepted.choice),
             )
     except BaseException:
         if generation is not None:
@@ -352,6 +344,56 @@ def _write_and_start(
             action=Flag.Action.REVIEW,
         )
     return Turn(conversation, user_message, placeholder, generation)
+
+
+@dataclass(frozen=True)
+class _Accepted:
+    """What a turn's first step settled: the plan, the pool that answers (and why, for the
+    `auto` model), the plan's limits there, and the answer's output budget."""
+
+    plan: Plan
+    choice: auto_model.Choice | None
+    pool: ModelPool
+    limits: Limits
+    max_tokens: int
+
+
+@tracing.traced("turn.accept")
+def _accept(
+    *, user: User, conversation: Conversation, content: str | None, max_tokens: int | None
+) -> _Accepted:
+    """Step 1: a suspended account is refused; billing judges once whether the plan may use
+    the model; a new conversation may be turned away under pressure; the output budget is
+    clamped to the plan's and the pool's."""
+    moderation_ensure_can_send(user=user)
+    plan = plan_for_user(user=user)
+    choice = _auto_choice(plan=plan, conversation=conversation, content=content)
+    pool = pool_named(model=choice.pool if choice else conversation.model)
+    # Billing is the one judge of whether the plan may use the model (403 if not).
+    limits = pool_limits(plan=plan, pool=pool)
+    pool_ensure_room_for_new(
+        pool=pool,
+        tier=plan.tier,
+        is_new=lambda: (
+            conversation._state.adding
+            or not Generation.objects.filter(conversation=conversation).exists()
+        ),
+    )
+    wanted = max_tokens or plan.max_output_tokens
+    return _Accepted(
+        plan, choice, pool, limits, min(wanted, plan.max_output_tokens, pool.max_output_tokens)
+    )
+
+
+def _moderate_input(
+    *, user: User, conversation: Conversation | None, content: str | None
+) -> Verdict | None:
+    """Step 2: the new text checked before anything is written or reserved (a blocked one
+    raises); the verdict, which may ask for review, or None when nothing was checked."""
+    if content is None or not content.strip() or len(content) > settings.MESSAGE_MAX_CHARS:
+        return None
+    with tracing.span("turn.moderate_input"):
+        return moderation_check_input(user=user, conversation=conversation, content=content)
 
 
 @cache
@@ -402,6 +444,77 @@ def generation_start(
     if not branch or branch[-1].pk != message.pk:
         raise ValueError("the placeholder must be the conversation's current leaf")
     branch = branch[:-1]
+    prepared = _prepare(
+        user=user,
+        conversation=conversation,
+        pool=pool,
+        branch=branch,
+        max_tokens=max_tokens,
+        tools=tools,
+        summary=None if new_conversation else summary_for_branch(branch=branch),
+        attachments=None if new_conversation else attachment_context(branch=branch),
+        # The owner's instructions and memory: web chat only, not `/v1` (memory.py).
+        preamble=personal_preamble(user_id=conversation.owner_id)
+        if conversation.source == Conversation.Source.WEB
+        else (),
+    )
+    # Turns dropped that no summary covers: the branch's summary is due.
+    summary_request_if_needed(
+        conversation=conversation,
+        leaf=branch[-1],
+        context=prepared.context,
+        budget_tokens=prepared.budget_tokens,
+    )
+    generation = generation_create(
+        message_id=message.pk,
+        conversation_id=conversation.pk,
+        user=user,
+        pool=pool,
+        tier=plan.tier,
+        max_tokens=max_tokens,
+        route_reason=route["reason"] if route else "",
+    )
+    if route:
+        services.answers_set_route(answers=Message.objects.filter(pk=message.pk), route=route)
+    _reserve_and_enqueue(
+        generation,
+        prepared,
+        limits=limits,
+        params=params,
+        tool_choice=tool_choice,
+        # A `/v1` client named its model: only the web chat's answers may fall back.
+        may_fall_back=conversation.source == Conversation.Source.WEB,
+        route=route,
+    )
+    return generation
+
+
+@dataclass(frozen=True)
+class _Prepared:
+    """Step 4's result: the context in the window, the tools offered (and who runs them),
+    and the prompt's count."""
+
+    context: AssembledContext
+    tools: list[dict[str, Any]]
+    run_tools: bool
+    prompt_tokens: int
+    budget_tokens: int
+
+
+def _prepare(
+    *,
+    user: User,
+    conversation: Conversation,
+    pool: ModelPool,
+    branch: Sequence[Message],
+    max_tokens: int,
+    tools: list[dict[str, Any]] | None,
+    summary: Any,
+    attachments: Any,
+    preamble: Sequence[Any],
+) -> _Prepared:
+    """Assemble the context of the answer to `branch` (root first, without the placeholder)
+    within the pool's window, with room for the answer and the tools."""
     tokenizer = pool_tokenizer(pool)
     run_tools = tools is None
     if tools is None:
@@ -413,59 +526,53 @@ def generation_start(
     budget_tokens = pool.context_window - max_tokens - tools_tokens
     with tracing.span("turn.assemble"):
         context = assemble_context(
-            branch=branch,
+            branch=list(branch),
             tokenizer=tokenizer,
             budget_tokens=budget_tokens,
-            summary=None if new_conversation else summary_for_branch(branch=branch),
-            attachments=None if new_conversation else attachment_context(branch=branch),
-            # The owner's instructions and memory: web chat only, not `/v1` (memory.py).
-            preamble=personal_preamble(user_id=conversation.owner_id)
-            if conversation.source == Conversation.Source.WEB
-            else (),
+            summary=summary,
+            attachments=attachments,
+            preamble=preamble,
         )
-    # Turns dropped that no summary covers: the branch's summary is due.
-    summary_request_if_needed(
-        conversation=conversation, leaf=branch[-1], context=context, budget_tokens=budget_tokens
-    )
-    prompt_tokens = context.prompt_tokens + tools_tokens
-    generation = generation_create(
-        message_id=message.pk,
-        conversation_id=conversation.pk,
-        user=user,
-        pool=pool,
-        tier=plan.tier,
-        max_tokens=max_tokens,
-        route_reason=route["reason"] if route else "",
-    )
+    return _Prepared(context, tools, run_tools, context.prompt_tokens + tools_tokens, budget_tokens)
+
+
+def _reserve_and_enqueue(
+    generation: Generation | UnkeptGeneration,
+    prepared: _Prepared,
+    *,
+    limits: Limits,
+    params: dict[str, Any] | None,
+    tool_choice: str | dict[str, Any] | None,
+    may_fall_back: bool,
+    route: dict[str, str] | None,
+) -> None:
+    """Steps 5 and 6: reserve the prompt estimate plus max output tokens against every limit
+    of the plan at once (a refusal, 413 or 429, ends the turn), then queue the job."""
     # The rest of the request logs with it, and the turn's span names it.
-    logs.generation_id.set(str(generation.pk))
+    logs.generation_id.set(str(generation.id))
     tracing.annotate(
         **{
-            "chatsite.generation_id": str(generation.pk),
+            "chatsite.generation_id": str(generation.id),
             "chatsite.request_id": logs.request_id.get() or "",
         }
     )
-    if route:
-        services.answers_set_route(answers=Message.objects.filter(pk=message.pk), route=route)
-    # Reserve the prompt estimate plus max output tokens against every limit of the plan at
-    # once; a refusal (413/429) rolls the turn back.
     with tracing.span("turn.reserve"):
-        reservation_create(generation=generation, prompt_tokens=prompt_tokens, limits=limits)
+        reservation_create(
+            generation=generation, prompt_tokens=prepared.prompt_tokens, limits=limits
+        )
     generation_enqueue(
         generation=generation,
         request=GenerationRequest(
-            messages=context.messages,
-            prompt_tokens=prompt_tokens,
+            messages=prepared.context.messages,
+            prompt_tokens=prepared.prompt_tokens,
             params=params or {},
-            tools=tools,
+            tools=prepared.tools,
             tool_choice=tool_choice,
-            run_tools=run_tools,
-            # A `/v1` client named its model: only the web chat's answers may fall back.
-            may_fall_back=conversation.source == Conversation.Source.WEB,
+            run_tools=prepared.run_tools,
+            may_fall_back=may_fall_back,
             route=route,
         ),
     )
-    return generation
 
 
 def _replay(stored: dict[str, Any]) -> Turn | None:
@@ -483,6 +590,177 @@ def _replay(stored: dict[str, Any]) -> Turn | None:
         else None
     )
     return Turn(generation.conversation, user_message, generation.message, generation, True)
+
+
+@dataclass(frozen=True)
+class UnkeptTurn:
+    """A `/v1` turn of a key that keeps nothing: its answer, queued, and nothing written."""
+
+    generation: UnkeptGeneration
+    replayed: bool = False
+
+
+def turn_unkept(
+    *,
+    user: User,
+    model: str,
+    system_prompt: str,
+    messages: Sequence[services.BranchTurn],
+    max_tokens: int | None = None,
+    params: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | dict[str, Any] | None = None,
+    idempotency_key: str | None = None,
+) -> UnkeptTurn:
+    """`turn_from_messages` for a key that keeps nothing: the same steps but the third.
+
+    The request is accepted, moderated, assembled, reserved and queued from what it carries;
+    no conversation, message or generation row is written (nothing is created to be deleted),
+    and the answer's life is in Redis (inference/unkept.py). What lasts of it (its usage, a
+    moderation flag) is written by the subscribers, the usage in batches. An
+    `Idempotency-Key` replays the answer it made while that answer's stream is kept.
+    """
+    conversation = services.conversation_new(
+        owner=user,
+        model=model or None,
+        system_prompt=system_prompt,
+        source=Conversation.Source.API,
+    )
+    written = services.branch_new(
+        conversation=conversation,
+        messages=messages,
+        count_tokens=_token_counter(conversation.model),
+    )
+    # Every message here is the client's own text, never checked before: all of it is new.
+    content = "\n\n".join(part for part in [system_prompt, *(m[1] for m in messages)] if part)
+
+    def start() -> UnkeptGeneration:
+        return _unkept_start(
+            user=user,
+            conversation=conversation,
+            branch=written.branch[:-1],
+            content=content,
+            max_tokens=max_tokens,
+            params=params,
+            tools=tools,
+            tool_choice=tool_choice,
+        )
+
+    if idempotency_key is None:
+        return UnkeptTurn(start())
+    fingerprint = idempotency_fingerprint(
+        _messages_request(model, system_prompt, messages, max_tokens, params, tools, tool_choice)
+    )
+    stored = idempotency_claim(user=user, key=idempotency_key, fingerprint=fingerprint)
+    if stored is not None:
+        replay = _unkept_replay(stored, user=user)
+        if replay is not None:
+            return replay
+        # The answer it made is over and gone: run the request again.
+    try:
+        generation = start()
+    except BaseException:
+        idempotency_release(user=user, key=idempotency_key, fingerprint=fingerprint)
+        raise
+    idempotency_complete(
+        user=user,
+        key=idempotency_key,
+        fingerprint=fingerprint,
+        result={
+            "generation": str(generation.id),
+            "unkept": True,
+            "pool": generation.pool.name,
+            "tier": generation.tier,
+            "max_tokens": generation.max_tokens,
+        },
+    )
+    return UnkeptTurn(generation)
+
+
+@tracing.traced("turn")
+def _unkept_start(
+    *,
+    user: User,
+    conversation: Conversation,
+    branch: Sequence[Message],
+    content: str,
+    max_tokens: int | None,
+    params: dict[str, Any] | None,
+    tools: list[dict[str, Any]] | None,
+    tool_choice: str | dict[str, Any] | None,
+) -> UnkeptGeneration:
+    accepted = _accept(user=user, conversation=conversation, content=content, max_tokens=max_tokens)
+    verdict = _moderate_input(user=user, conversation=None, content=content)
+    prepared = _prepare(
+        user=user,
+        conversation=conversation,
+        pool=accepted.pool,
+        branch=branch,
+        max_tokens=accepted.max_tokens,
+        tools=tools,
+        summary=None,
+        attachments=None,
+        preamble=(),
+    )
+    generation = generation_new_unkept(
+        user=user, pool=accepted.pool, tier=accepted.plan.tier, max_tokens=accepted.max_tokens
+    )
+    _reserve_and_enqueue(
+        generation,
+        prepared,
+        limits=accepted.limits,
+        params=params,
+        tool_choice=tool_choice,
+        may_fall_back=False,
+        route=_auto_route(accepted.choice),
+    )
+    if verdict is not None and verdict.needs_review:
+        flag_record(
+            user=user,
+            conversation=None,
+            message=None,
+            direction=Flag.Direction.INPUT,
+            excerpt=content,
+            verdict=verdict,
+            action=Flag.Action.REVIEW,
+        )
+    return generation
+
+
+def _unkept_replay(stored: dict[str, Any], *, user: User) -> UnkeptTurn | None:
+    """The answer an idempotency key already made, while its stream is kept; None if it is
+    gone (or the key made a kept turn then)."""
+    if not stored.get("unkept") or not generation_stream_kept(generation_id=stored["generation"]):
+        return None
+    generation = generation_new_unkept(
+        user=user,
+        pool=pool_named(model=stored["pool"]),
+        tier=stored["tier"],
+        max_tokens=int(stored["max_tokens"]),
+    )
+    return UnkeptTurn(replace(generation, id=uuid.UUID(stored["generation"])), replayed=True)
+
+
+def _messages_request(
+    model: str,
+    system_prompt: str,
+    messages: Sequence[services.BranchTurn],
+    max_tokens: int | None,
+    params: dict[str, Any] | None,
+    tools: list[dict[str, Any]] | None,
+    tool_choice: str | dict[str, Any] | None,
+) -> dict[str, Any]:
+    """A `/v1` request as its idempotency fingerprint reads it."""
+    return {
+        "action": "messages",
+        "model": model,
+        "system_prompt": system_prompt,
+        "messages": [list(message) for message in messages],
+        "max_tokens": max_tokens,
+        "params": params,
+        "tools": tools,
+        "tool_choice": tool_choice,
+    }
 
 
 def turn_from_messages(
@@ -534,16 +812,9 @@ def turn_from_messages(
             write=write,
             content=written,
             idempotency_key=idempotency_key,
-            request={
-                "action": "messages",
-                "model": model,
-                "system_prompt": system_prompt,
-                "messages": [list(message) for message in messages],
-                "max_tokens": max_tokens,
-                "params": params,
-                "tools": tools,
-                "tool_choice": tool_choice,
-            },
+            request=_messages_request(
+                model, system_prompt, messages, max_tokens, params, tools, tool_choice
+            ),
             max_tokens=max_tokens,
             params=params,
             tools=tools,

@@ -23,7 +23,7 @@ class InferenceConfig(AppConfig):
 
         from chatsite.catalog import catalog_rows
 
-        from .models import ModelPool
+        from .models import ModelPool, Worker
 
-        # Every process keeps the pools by name.
-        catalog_rows(ModelPool)
+        # Every process keeps the pools by name; every scheduler replica the fleet.
+        catalog_rows(ModelPool, Worker)

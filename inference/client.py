@@ -14,7 +14,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import json
 import socket
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable
@@ -25,6 +24,8 @@ from urllib.parse import urlsplit
 import aiohttp
 from django.conf import settings
 from django.utils.module_loading import import_string
+from msgspec import DecodeError
+from msgspec.json import decode as _decode
 from prometheus_client.parser import text_string_to_metric_families
 
 from chatsite.netpolicy import AddressPolicy, AddressRefused
@@ -486,7 +487,9 @@ class _Watchdog:
 
 def _parse_chunk(payload: bytes) -> Chunk:
     try:
-        data = json.loads(payload)
+        # Every token of every answer passes here: msgspec reads it several times faster
+        # than the standard library, into the same plain dicts and lists.
+        data = _decode(payload)
         if "error" in data:
             raise WorkerFault(FaultCode.WORKER_ERROR, str(data["error"])[:500])
         chunk = Chunk(usage=data.get("usage"))
@@ -500,7 +503,7 @@ def _parse_chunk(payload: bytes) -> Chunk:
         return chunk
     except WorkerFault:
         raise
-    except (ValueError, KeyError, TypeError, AttributeError, IndexError) as exc:
+    except (ValueError, KeyError, TypeError, AttributeError, IndexError, DecodeError) as exc:
         raise WorkerFault(
             FaultCode.BAD_RESPONSE,
             f"unreadable chunk from the worker: {payload[:200].decode('utf-8', 'replace')!r}",

@@ -21,6 +21,7 @@ from chatsite import dotted
 
 if TYPE_CHECKING:
     from .models import Generation
+    from .unkept import UnkeptGeneration
 
 
 @dataclass(frozen=True)
@@ -67,13 +68,23 @@ class InferenceHooks:
         it, with the row locked: rows written here commit with it (or not at all); side
         effects go out with `transaction.on_commit`."""
 
-    def generation_finished(self, *, generation: Generation, outcome: Outcome) -> None:
-        """The final state is committed; the stream's `done` event goes out after this."""
+    def generation_finished(
+        self, *, generation: Generation | UnkeptGeneration, outcome: Outcome
+    ) -> None:
+        """The final state is committed; the stream's `done` event goes out after this. For a
+        generation without a row (`inference.unkept.is_unkept`), the only hook of its finish:
+        write what must last of it without waiting for a statement (batch it)."""
+
+    def generations_flush(self) -> None:
+        """Write, in one batch, what the finishes of generations without a row left to write
+        (`generation_finished`). The scheduler calls it about a second after it finished
+        some, and once as it starts (what a replica that died left)."""
 
     def generation_output_flagged(
-        self, *, generation_id: Any, excerpt: str, verdict: Any, retracted: bool
+        self, *, generation_id: Any, user_id: int, excerpt: str, verdict: Any, retracted: bool
     ) -> None:
-        """Output moderation withdrew the answer (`retracted`) or asked staff to review it."""
+        """Output moderation withdrew `user_id`'s answer (`retracted`) or asked staff to
+        review it (an unkept generation has no row that would name the user)."""
 
 
 class HookManager:
@@ -118,16 +129,26 @@ class HookManager:
         for subscriber in self.subscribers:
             subscriber.generation_finishing(generation=generation, outcome=outcome)
 
-    def generation_finished(self, *, generation: Generation, outcome: Outcome) -> None:
+    def generation_finished(
+        self, *, generation: Generation | UnkeptGeneration, outcome: Outcome
+    ) -> None:
         for subscriber in self.subscribers:
             subscriber.generation_finished(generation=generation, outcome=outcome)
 
+    def generations_flush(self) -> None:
+        for subscriber in self.subscribers:
+            subscriber.generations_flush()
+
     def generation_output_flagged(
-        self, *, generation_id: Any, excerpt: str, verdict: Any, retracted: bool
+        self, *, generation_id: Any, user_id: int, excerpt: str, verdict: Any, retracted: bool
     ) -> None:
         for subscriber in self.subscribers:
             subscriber.generation_output_flagged(
-                generation_id=generation_id, excerpt=excerpt, verdict=verdict, retracted=retracted
+                generation_id=generation_id,
+                user_id=user_id,
+                excerpt=excerpt,
+                verdict=verdict,
+                retracted=retracted,
             )
 
 

@@ -25,6 +25,7 @@ from . import queue
 from .client import WorkerLoad
 from .models import Generation
 from .selectors import prefix_hit_ratio
+from .unkept import UnkeptGeneration
 
 # First tokens from 50 ms (a cached prompt on an idle worker) to a minute (a long queue, or
 # a long prompt on a CPU worker); queue times from nothing to past the queue limit.
@@ -158,7 +159,7 @@ def answered(job: queue.Job, *, status: str, output_tokens: int | None, since: A
         STREAM_SPEED.labels(job.tier, job.pool).observe(output_tokens / seconds)
 
 
-def finished(*, generation: Generation, error_code: str) -> None:
+def finished(*, generation: Generation | UnkeptGeneration, error_code: str) -> None:
     """A final state written; a rejection is counted by its error code too."""
     pool, tier = generation.answering_pool.name, generation.tier
     GENERATIONS.labels(pool, tier, generation.status).inc()

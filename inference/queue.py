@@ -53,7 +53,7 @@ The keys, all `{<prefix>}:...` unless said:
                      cluster delivers them to subscribers on every node)
 
 Other apps keep single keys of their own under the same tag (`key`): titles' and summaries'
-pending marks, `/v1`'s unkept conversations.
+pending marks.
 """
 
 from __future__ import annotations
@@ -324,6 +324,17 @@ return expired
 
 
 # Note a field on a job only while the job exists: a late writer must not resurrect it.
+# The one finish of an unkept generation (KEYS: its job): its job gets a `finishing` mark
+# once, and only while it exists (removed with the final events). 1: this caller finishes it;
+# 0: another did, or does.
+FINISH_UNKEPT = """
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  return 0
+end
+return redis.call('HSETNX', KEYS[1], 'finishing', '1')
+"""
+
+
 HSET_IF_EXISTS = """
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -470,6 +481,9 @@ class Job:
     # The overload policy may have a smaller pool answer (the web chat; not `/v1`, whose
     # client asked for a model by name).
     may_fall_back: bool = False
+    # False for a `/v1` answer of a key that keeps nothing: it has no row in Postgres, and
+    # its life is this job and its stream (inference/unkept.py).
+    kept: bool = True
     # The attempts made so far: more than none when a replica died while serving it and
     # another adopted it (scheduler/adoption.py); the next one restarts it.
     attempt: int = 0
@@ -509,6 +523,7 @@ class Job:
             "tool_choice": json.dumps(self.tool_choice),
             "run_tools": "1" if self.run_tools else "",
             "may_fall_back": "1" if self.may_fall_back else "",
+            "kept": "1" if self.kept else "",
             "request_id": self.request_id,
             "traceparent": self.traceparent,
         }
@@ -532,6 +547,7 @@ class Job:
             tool_choice=json.loads(fields.get("tool_choice") or "null"),
             run_tools=bool(fields.get("run_tools")),
             may_fall_back=bool(fields.get("may_fall_back")),
+            kept=fields.get("kept", "1") == "1",
             attempt=int(fields.get("attempt") or 0),
             request_id=fields.get("request_id") or "",
             traceparent=fields.get("traceparent") or "",

@@ -19,6 +19,17 @@ from . import queue
 from .models import Generation, ModelPool, Worker
 
 
+def generation_in_flight(*, generation_id: Any) -> bool:
+    """Whether the generation's job is still queued or running (not yet finishing)."""
+    finishing = sync_redis().hmget(queue.job_key(generation_id), ["generation_id", "finishing"])
+    return finishing[0] is not None and finishing[1] is None
+
+
+def generation_stream_kept(*, generation_id: Any) -> bool:
+    """Whether the generation's stream is still there to read (it expires after the end)."""
+    return bool(sync_redis().exists(queue.stream_key(generation_id)))
+
+
 def generation_for_user(*, user: User, generation_id: Any) -> Generation:
     """The generation if `user` started it; NotFound otherwise, as for one that never existed."""
     return _owned(Generation.objects.select_related("pool", "message"), user, generation_id)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import logging
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -27,7 +28,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from chatsite import logs, tracing
-from chatsite.catalog import CATALOG
+from chatsite.catalog import CATALOG, catalog_changed
 from chatsite.errors import ServiceError
 from chatsite.redis import sync_redis
 from chatsite.stream_events import MetaData, StreamEvent
@@ -37,6 +38,7 @@ from .errors import ErrorCode
 from .hooks import Outcome, get_hooks
 from .models import Generation, ModelPool, Worker, worker_url_refusal
 from .tokens import count_tokens, pool_tokenizer
+from .unkept import UnkeptGeneration, is_unkept
 
 logger = logging.getLogger(__name__)
 
@@ -141,15 +143,33 @@ def generation_create(
     )
 
 
-def generation_enqueue(*, generation: Generation, request: GenerationRequest) -> None:
-    """Queue `generation` once the current transaction commits: its `meta` event, then the job."""
+def generation_new_unkept(
+    *, user: User, pool: ModelPool, tier: str, max_tokens: int
+) -> UnkeptGeneration:
+    """A generation that gets no row (inference/unkept.py): the answer of a `/v1` key that
+    keeps nothing, queued by `generation_enqueue` like any other."""
+    return UnkeptGeneration(
+        id=uuid.uuid4(),
+        user_id=user.pk,
+        pool=pool,
+        tier=tier,
+        priority=tier_priority(tier),
+        max_tokens=max_tokens,
+    )
+
+
+def generation_enqueue(
+    *, generation: Generation | UnkeptGeneration, request: GenerationRequest
+) -> None:
+    """Queue `generation` once the current transaction commits (at once outside of one): its
+    `meta` event, then the job."""
     job = queue.Job(
         generation_id=str(generation.id),
         pool=generation.pool.name,
         tier=generation.tier,
         priority=generation.priority,
-        conversation_id=str(generation.conversation_id),
-        message_id=str(generation.message_id),
+        conversation_id=str(generation.conversation_id or ""),
+        message_id=str(generation.message_id or ""),
         messages=request.messages,
         max_tokens=generation.max_tokens,
         params=request.params,
@@ -160,6 +180,7 @@ def generation_enqueue(*, generation: Generation, request: GenerationRequest) ->
         tool_choice=request.tool_choice,
         run_tools=request.run_tools and bool(request.tools),
         may_fall_back=request.may_fall_back,
+        kept=not is_unkept(generation),
         request_id=logs.request_id.get() or "",
     )
 
@@ -212,6 +233,34 @@ def generation_cancel(*, generation: Generation) -> Generation:
         queue.request_cancel(redis, str(generation.id))
     generation.refresh_from_db()
     return generation
+
+
+def generation_cancel_unkept(*, generation_id: str) -> None:
+    """`generation_cancel` for a generation without a row, by its id (its job says where it
+    waits). One already finished is left as it is."""
+    redis = sync_redis()
+    job = _job(redis, generation_id)
+    if job is None or job.kept:
+        return
+    if queue.unqueue(redis, pool=job.pool, tier=job.tier, generation_id=generation_id):
+        generation_finish(
+            generation_id=generation_id,
+            status=Generation.Status.CANCELLED,
+            text="",
+            finish_reason="cancelled",
+            job=job,
+        )
+    else:
+        queue.request_cancel(redis, generation_id)
+
+
+def _job(redis: Any, generation_id: Any) -> queue.Job | None:
+    """The job of a generation as Redis holds it, or None once it is gone."""
+    fields = redis.hgetall(queue.job_key(generation_id))
+    try:
+        return queue.Job.from_fields(fields) if fields else None
+    except (KeyError, ValueError):
+        return None  # only marks left (a cancel flag): the job itself is gone
 
 
 def generation_leave(*, generation: Generation, page: str = "") -> Generation:
@@ -314,28 +363,65 @@ def generation_finish(
     error_code: str = "",
     error_message: str = "",
     admission: Admission | None = None,
+    job: queue.Job | None = None,
 ) -> bool:
     """Write the final state once, tell the hooks, then close the stream; False if it was
-    already final. `admission`: the scheduler's record of the attempt, written with it."""
+    already final. `admission`: the scheduler's record of the attempt, written with it.
+    `job`, when the caller holds it: an unkept one is finished from it alone, without a
+    statement (inference/unkept.py); without it, one without a row is looked for in Redis."""
+    outcome = Outcome(
+        status=status,
+        text=text,
+        finish_reason=finish_reason,
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        cached_tokens=cached_tokens,
+    )
+    if job is None or job.kept:
+        finished = _finish_row(
+            generation_id,
+            outcome,
+            error_code=error_code,
+            error_message=error_message,
+            admission=admission,
+        )
+        if finished is not None:
+            return finished
+        redis = sync_redis()
+        job = _job(redis, generation_id)
+        if job is None or job.kept:
+            # Its conversation was deleted meanwhile: leave nothing behind in Redis.
+            redis.delete(queue.stream_key(generation_id), queue.job_key(generation_id))
+            return False
+    return _finish_unkept(job, outcome, error_code=error_code, error_message=error_message)
+
+
+def _finish_row(
+    generation_id: Any,
+    outcome: Outcome,
+    *,
+    error_code: str,
+    error_message: str,
+    admission: Admission | None,
+) -> bool | None:
+    """`generation_finish` of a generation with a row; None if it has none."""
     now = timezone.now()
     hooks = get_hooks()
     with transaction.atomic():
         generation = generation_lock_unfinished(generation_id)
         if generation is None:
-            if not Generation.objects.filter(pk=generation_id).exists():
-                # Its conversation was deleted meanwhile: leave nothing behind in Redis.
-                redis = sync_redis()
-                redis.delete(queue.stream_key(generation_id), queue.job_key(generation_id))
-            return False
-        if output_tokens is None and text:
+            return False if Generation.objects.filter(pk=generation_id).exists() else None
+        output_tokens = outcome.output_tokens
+        if output_tokens is None and outcome.text:
             # The worker never reported usage (cancelled, failed): count what it produced.
-            output_tokens = count_tokens(pool_tokenizer(generation.pool), text)
-        generation.status = status
+            output_tokens = count_tokens(pool_tokenizer(generation.pool), outcome.text)
+            outcome = replace(outcome, output_tokens=output_tokens)
+        generation.status = outcome.status
         generation.finished_at = now
-        generation.finish_reason = finish_reason
-        generation.prompt_tokens = prompt_tokens
+        generation.finish_reason = outcome.finish_reason
+        generation.prompt_tokens = outcome.prompt_tokens
         generation.output_tokens = output_tokens
-        generation.cached_tokens = cached_tokens
+        generation.cached_tokens = outcome.cached_tokens
         generation.error_code = error_code
         generation.error_message = error_message[:2000]
         written = [
@@ -355,22 +441,53 @@ def generation_finish(
             generation.first_token_at = generation.first_token_at or admission.first_token_at
             written += ["worker", "attempts", "admitted_at", "first_token_at"]
         generation.save(update_fields=written)
-        outcome = Outcome(
-            status=status,
-            text=text,
-            finish_reason=finish_reason,
-            prompt_tokens=prompt_tokens,
-            output_tokens=output_tokens,
-            cached_tokens=cached_tokens,
-        )
         hooks.generation_finishing(generation=generation, outcome=outcome)
 
     hooks.generation_finished(generation=generation, outcome=outcome)
     metrics.finished(generation=generation, error_code=error_code)
-    gid = str(generation_id)
-    # The stream's last events, its expiry and the job's removal: one round trip.
+    _close_stream(str(generation_id), outcome, error_code=error_code, error_message=error_message)
+    return True
+
+
+def _finish_unkept(
+    job: queue.Job, outcome: Outcome, *, error_code: str, error_message: str
+) -> bool:
+    """`generation_finish` of a generation without a row: no statement, only the hooks
+    (billing settles it and owes its usage event to the ledger's outbox) and Redis."""
+    gid = job.generation_id
+    redis = sync_redis()
+    if not redis.eval(queue.FINISH_UNKEPT, 1, queue.job_key(gid)):
+        return False
+    pool = _pool_of_job(job.pool)
+    output_tokens = outcome.output_tokens
+    if output_tokens is None and outcome.text:
+        output_tokens = count_tokens(pool_tokenizer(pool), outcome.text)
+        outcome = replace(outcome, output_tokens=output_tokens)
+    generation = UnkeptGeneration.from_job(job, pool)
+    generation.status = outcome.status
+    generation.finished_at = timezone.now()
+    generation.prompt_tokens = outcome.prompt_tokens
+    generation.output_tokens = output_tokens
+    generation.cached_tokens = outcome.cached_tokens
+    get_hooks().generation_finished(generation=generation, outcome=outcome)
+    metrics.finished(generation=generation, error_code=error_code)
+    _close_stream(gid, outcome, error_code=error_code, error_message=error_message)
+    return True
+
+
+def _pool_of_job(name: str) -> ModelPool:
+    """The pool a job names, from the catalog, active or not (it may have been switched off
+    while the answer ran)."""
+    pool = CATALOG.get(("pool-of-job", name), lambda: ModelPool.objects.filter(name=name).first())
+    if pool is None:
+        raise ModelPool.DoesNotExist(f"no pool named {name!r}")
+    return pool
+
+
+def _close_stream(gid: str, outcome: Outcome, *, error_code: str, error_message: str) -> None:
+    """The stream's last events, its expiry and the job's removal: one round trip."""
     with sync_redis().pipeline(transaction=False) as pipe:
-        if status in (Generation.Status.FAILED, Generation.Status.REJECTED):
+        if outcome.status in (Generation.Status.FAILED, Generation.Status.REJECTED):
             queue.append_event(
                 pipe, gid, StreamEvent.ERROR, {"code": error_code, "message": error_message}
             )
@@ -379,17 +496,16 @@ def generation_finish(
             gid,
             StreamEvent.DONE,
             {
-                "status": status,
-                "finish_reason": finish_reason,
-                "prompt_tokens": prompt_tokens,
-                "output_tokens": output_tokens,
-                "cached_tokens": cached_tokens,
+                "status": outcome.status,
+                "finish_reason": outcome.finish_reason,
+                "prompt_tokens": outcome.prompt_tokens,
+                "output_tokens": outcome.output_tokens,
+                "cached_tokens": outcome.cached_tokens,
             },
         )
         queue.expire_stream(pipe, gid)
         pipe.delete(queue.job_key(gid))
         pipe.execute()
-    return True
 
 
 def generation_add_tool_round(
@@ -448,6 +564,8 @@ def worker_set_state(*, worker_id: int, state: str, error: str = "") -> bool:
     )
     if state == Worker.State.HEALTHY:
         Worker.objects.filter(pk=worker_id).update(last_seen_at=now)
+    if changed:
+        catalog_changed()  # every replica's fleet (update() sends no signal)
     return bool(changed)
 
 
@@ -554,13 +672,17 @@ def _stream_text(redis: Any, generation_id: str) -> str:
 
 def workers_drain(*, workers: QuerySet[Worker]) -> int:
     """Stop sending new generations to `workers`; those running finish."""
-    return workers.exclude(state=Worker.State.DRAINING).update(
+    drained = workers.exclude(state=Worker.State.DRAINING).update(
         state=Worker.State.DRAINING, state_changed_at=timezone.now()
     )
+    catalog_changed()  # every replica's fleet (update() sends no signal)
+    return drained
 
 
 def workers_undrain(*, workers: QuerySet[Worker]) -> int:
     """Return drained workers to service; the health loop marks them healthy when they answer."""
-    return workers.filter(state=Worker.State.DRAINING).update(
+    undrained = workers.filter(state=Worker.State.DRAINING).update(
         state=Worker.State.DOWN, state_changed_at=timezone.now()
     )
+    catalog_changed()
+    return undrained

@@ -13,8 +13,12 @@ class ModerationHooks(InferenceHooks):
     """An answer output moderation withdrew, or asked staff to review, gets its flag."""
 
     def generation_output_flagged(
-        self, *, generation_id: Any, excerpt: str, verdict: Any, retracted: bool
+        self, *, generation_id: Any, user_id: int, excerpt: str, verdict: Any, retracted: bool
     ) -> None:
         output_flag_record(
-            generation_id=generation_id, excerpt=excerpt, verdict=verdict, retracted=retracted
+            generation_id=generation_id,
+            user_id=user_id,
+            excerpt=excerpt,
+            verdict=verdict,
+            retracted=retracted,
         )

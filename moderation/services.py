@@ -118,14 +118,17 @@ def flag_record(
 
 
 def output_flag_record(
-    *, generation_id: Any, excerpt: str, verdict: Verdict, retracted: bool
+    *, generation_id: Any, user_id: int, excerpt: str, verdict: Verdict, retracted: bool
 ) -> Flag:
-    """Record a streamed answer's flag against its message (the scheduler calls this)."""
-    generation = Generation.objects.get(pk=generation_id)
+    """Record a streamed answer's flag against its message (the scheduler calls this); the
+    answer of a `/v1` key that keeps nothing has none, and is flagged against its user."""
+    where = (
+        Generation.objects.filter(pk=generation_id).values("conversation_id", "message_id").first()
+    ) or {"conversation_id": None, "message_id": None}
     return flag_record(
-        user=generation.user_id,
-        conversation=generation.conversation_id,
-        message=generation.message_id,
+        user=user_id,
+        conversation=where["conversation_id"],
+        message=where["message_id"],
         direction=Flag.Direction.OUTPUT,
         excerpt=excerpt,
         verdict=verdict,

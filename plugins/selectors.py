@@ -154,7 +154,10 @@ def plugin_tool_open_to(*, user: AbstractBaseUser, name: str) -> bool:
 
 
 def conversation_tool_switches(*, conversation: Conversation) -> dict[str, bool]:
-    """The user's on/off choices in a conversation, by tool name."""
+    """The user's on/off choices in a conversation, by tool name (none in one not yet
+    saved: a new conversation's turn, or a `/v1` key's that keeps nothing)."""
+    if conversation._state.adding:
+        return {}
     return dict(
         ConversationTool.objects.filter(conversation=conversation).values_list(
             "tool_name", "enabled"

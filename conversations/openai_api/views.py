@@ -3,7 +3,8 @@ database connection while it lasts.
 
 Authentication is the API key alone (`Authorization: Bearer csk_...`): a session cookie never
 authenticates here, so there is no CSRF to check. The request is turned into a turn by
-`conversations.turns.turn_from_messages` (the web chat's path) in one thread hop; then the
+`conversations.turns.turn_from_messages` (the web chat's path), or `turns.turn_unkept` for a
+key that keeps nothing (no row written), in one thread hop; then the
 view tails the generation's Redis Stream, as the SSE stream view does, and answers in
 OpenAI's shapes. A client that leaves before the end cancels its generation: vLLM aborts the
 request, and the usage ledger charges what was produced until then.
@@ -14,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine
+import time
+from collections.abc import AsyncGenerator, AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -38,20 +40,15 @@ from chatsite.errors import ServiceError
 from chatsite.stream_events import StreamEvent
 from chatsite.threads import in_thread
 from conversations import turns
-from conversations.unkept import unkept_discard, unkept_remember
 from inference import queue
 from inference.models import Generation
-from inference.services import generation_cancel
+from inference.services import generation_cancel, generation_cancel_unkept
 
 from . import shapes
 from .errors import OpenAIError, from_generation_error, from_service_error
 from .parsing import ChatCompletionRequest, parse_chat_completion
 
 logger = logging.getLogger(__name__)
-
-# Background work that outlives its request (removing an unkept conversation once its
-# cancelled answer is final): referenced here so the event loop does not drop it.
-_BACKGROUND: set[asyncio.Task[None]] = set()
 
 
 async def _authenticate(request: HttpRequest) -> ApiKey:
@@ -137,36 +134,38 @@ async def model_detail(request: HttpRequest, model_id: str) -> HttpResponse:
 class _Started:
     """A queued answer and what the view needs to follow it."""
 
-    generation: Generation
-    conversation_id: Any
+    generation_id: str
+    conversation_id: Any  # None for a key that keeps nothing
     model: str
     created: int
-    keep: bool
 
 
 def _start(key: ApiKey, wanted: ChatCompletionRequest, idempotency_key: str | None) -> _Started:
-    turn = turns.turn_from_messages(
-        user=key.user,
-        model=wanted.model,
-        system_prompt=wanted.system_prompt,
-        messages=wanted.messages,
-        max_tokens=wanted.max_tokens,
-        params=wanted.sampling,
-        tools=wanted.tools,
-        tool_choice=wanted.tool_choice,
-        idempotency_key=idempotency_key,
-    )
-    if not key.store_conversations and not turn.replayed:
-        unkept_remember(conversation_id=turn.conversation.pk)
-    generation = turn.generation
-    started = _Started(
-        generation=generation,
-        conversation_id=turn.conversation.pk,
-        model=generation.pool.name,
-        created=int(generation.enqueued_at.timestamp()),
-        keep=key.store_conversations,
-    )
-    # The answer may take minutes: the connection this request opened must not wait with it.
+    arguments: dict[str, Any] = {
+        "user": key.user,
+        "model": wanted.model,
+        "system_prompt": wanted.system_prompt,
+        "messages": wanted.messages,
+        "max_tokens": wanted.max_tokens,
+        "params": wanted.sampling,
+        "tools": wanted.tools,
+        "tool_choice": wanted.tool_choice,
+        "idempotency_key": idempotency_key,
+    }
+    if key.store_conversations:
+        turn = turns.turn_from_messages(**arguments)
+        generation = turn.generation
+        started = _Started(
+            generation_id=str(generation.pk),
+            conversation_id=turn.conversation.pk,
+            model=generation.pool.name,
+            created=int(generation.enqueued_at.timestamp()),
+        )
+    else:
+        # Nothing is written: the answer lives in Redis until its end (inference/unkept.py).
+        unkept = turns.turn_unkept(**arguments).generation
+        started = _Started(str(unkept.id), None, unkept.pool.name, int(time.time()))
+    # The answer may take minutes: a connection this request opened must not wait with it.
     connections.close_all()
     return started
 
@@ -211,8 +210,8 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
         )
     else:
         response = await _whole(redis, started)
-    response["x-request-id"] = shapes.completion_id(started.generation.pk)
-    if started.keep:
+    response["x-request-id"] = shapes.completion_id(started.generation_id)
+    if started.conversation_id is not None:
         response["x-chatsite-conversation-id"] = str(started.conversation_id)
     return response
 
@@ -235,14 +234,14 @@ def _failure(answer: shapes.Answer) -> OpenAIError | None:
 async def _whole(redis: Any, started: _Started) -> HttpResponse:
     answer = shapes.Answer()
     try:
-        async with contextlib.aclosing(_events(str(started.generation.pk))) as events:
+        async with contextlib.aclosing(_events(started.generation_id)) as events:
             async for entry in events:
                 if entry is not None:
                     answer.apply(entry.event, entry.payload())
                 if answer.done:
                     break
     except RedisError:
-        logger.warning("generation %s: Redis failed", started.generation.pk, exc_info=True)
+        logger.warning("generation %s: Redis failed", started.generation_id, exc_info=True)
     finally:
         await asyncio.shield(_after(redis, started, finished=answer.done))
     if not answer.done:
@@ -254,7 +253,7 @@ async def _whole(redis: Any, started: _Started) -> HttpResponse:
         return failure.response()
     return JsonResponse(
         shapes.completion(
-            generation_id=started.generation.pk,
+            generation_id=started.generation_id,
             created=started.created,
             model=started.model,
             answer=answer,
@@ -266,7 +265,7 @@ async def _streamed(
     redis: Any, started: _Started, wanted: ChatCompletionRequest
 ) -> AsyncIterator[bytes]:
     chunks = shapes.Chunks(
-        generation_id=started.generation.pk,
+        generation_id=started.generation_id,
         created=started.created,
         model=started.model,
         include_usage=wanted.include_usage,
@@ -275,7 +274,7 @@ async def _streamed(
     sent = closed = False
     try:
         yield chunks.role()
-        async with contextlib.aclosing(_events(str(started.generation.pk))) as events:
+        async with contextlib.aclosing(_events(started.generation_id)) as events:
             async for entry in events:
                 if entry is None:
                     yield sse.HEARTBEAT
@@ -300,8 +299,6 @@ async def _streamed(
                     break
         if not answer.done:
             return
-        # Tidy up before the last event: a client that has read `[DONE]` finds an unkept
-        # conversation already gone.
         closed = True
         await asyncio.shield(_after(redis, started, finished=True))
         failure = _failure(answer)
@@ -317,63 +314,28 @@ async def _streamed(
             yield chunks.usage(answer)
         yield shapes.DONE
     except RedisError:
-        logger.warning("generation %s: Redis failed", started.generation.pk, exc_info=True)
+        logger.warning("generation %s: Redis failed", started.generation_id, exc_info=True)
     finally:
         if not closed:
             await asyncio.shield(_after(redis, started, finished=answer.done))
 
 
 async def _after(redis: Any, started: _Started, *, finished: bool) -> None:
-    """The request is over: cancel an answer nobody waits for any more, and remove an unkept
-    conversation once its answer is final."""
+    """The request is over: cancel an answer nobody waits for any more."""
     try:
         if not finished:
-            await sync_to_async(_cancel)(started.generation)
-        if not started.keep:
-            if finished:
-                await sync_to_async(_discard)(started.conversation_id)
-            else:
-                _spawn(_discard_when_final(started))
+            await sync_to_async(_cancel)(started)
     except Exception:
-        logger.exception("could not close generation %s", started.generation.pk)
+        logger.exception("could not close generation %s", started.generation_id)
     finally:
         await redis.aclose()
 
 
-def _cancel(generation: Generation) -> None:
+def _cancel(started: _Started) -> None:
     try:
-        generation_cancel(generation=generation)
+        if started.conversation_id is None:
+            generation_cancel_unkept(generation_id=started.generation_id)
+        else:
+            generation_cancel(generation=Generation.objects.get(pk=started.generation_id))
     finally:
         connections.close_all()
-
-
-def _discard(conversation_id: Any) -> bool:
-    try:
-        return unkept_discard(conversation_id=conversation_id)
-    finally:
-        connections.close_all()
-
-
-async def _discard_when_final(started: _Started) -> None:
-    """Wait (a while) for the cancelled answer to be final, then remove its conversation;
-    the sweeper removes it later if this gives up."""
-    redis = sse.stream_redis()
-    try:
-        async with asyncio.timeout(settings.OPENAI_API_CANCEL_WAIT_SECONDS):
-            async with contextlib.aclosing(_events(str(started.generation.pk))) as events:
-                async for entry in events:
-                    if entry is not None and entry.event == StreamEvent.DONE:
-                        break
-        await sync_to_async(_discard)(started.conversation_id)
-    except TimeoutError:
-        logger.info("generation %s still running; the sweeper removes it", started.generation.pk)
-    except Exception:
-        logger.exception("could not remove conversation %s", started.conversation_id)
-    finally:
-        await redis.aclose()
-
-
-def _spawn(coroutine: Coroutine[Any, Any, None]) -> None:
-    task = asyncio.get_running_loop().create_task(coroutine)
-    _BACKGROUND.add(task)
-    task.add_done_callback(_BACKGROUND.discard)

@@ -15,7 +15,7 @@ from openai.types.chat import ChatCompletionMessageParam
 from accounts.services import api_key_create
 from billing.models import UsageEvent
 from billing.tests.factories import subscribe
-from chatsite.testing import budget, wait_until
+from chatsite.testing import budget, wait_for, wait_until
 from conversations.models import Conversation
 from inference.models import Generation, ModelPool
 from inference.tests.fixtures import LiveEdge, RealWorker
@@ -125,6 +125,12 @@ async def test_the_async_client_streams_and_an_unkept_key_leaves_only_usage(
     assert whole.choices[0].message.content
     assert not await Conversation.objects.filter(owner=user).aexists()
     assert not await Generation.objects.filter(user=user).aexists()
+
+    # An unkept answer's usage reaches the ledger in the scheduler's next batch.
+    async def both_recorded() -> bool:
+        return await UsageEvent.objects.filter(user=user).acount() == 2
+
+    await wait_for(both_recorded)
     charged = {
         str(e.generation_id): e.output_tokens async for e in UsageEvent.objects.filter(user=user)
     }

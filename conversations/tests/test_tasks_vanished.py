@@ -21,10 +21,9 @@ from accounts.tests.factories import UserFactory
 from billing.tests.factories import subscribe
 from chatsite.redis import sync_redis
 from chatsite.testing import run_task_quietly
-from conversations import retention, small_model, titles, unkept
+from conversations import retention, small_model, titles
 from conversations.events import user_events_key
 from conversations.models import BranchSummary, Conversation, Message
-from conversations.openai_api.tasks import sweep_unkept_conversations
 from conversations.removal import conversation_remove
 from conversations.selectors import active_branch
 from conversations.tasks import generate_title, purge_expired_conversations, summarise_branch
@@ -259,44 +258,6 @@ def test_retention_passes_over_a_conversation_that_goes_after_it_was_listed(
     assert not Conversation.objects.filter(pk=first.pk).exists()
     assert Conversation.objects.get(pk=second.pk).deleted_at is not None, "the purge went on"
     assert not Message.objects.filter(conversation__in=[first.pk, second.pk]).exists()
-
-
-# The `/v1` sweeper of conversations a lost request left behind
-
-
-@REMOVALS
-def test_the_unkept_sweeper_forgets_a_conversation_already_removed(
-    user: User, caplog: pytest.LogCaptureFixture, settings: Any, keep_tombstone: bool
-) -> None:
-    settings.OPENAI_API_UNKEPT_SWEEP_AFTER_SECONDS = 0
-    conversation = ConversationFactory.create(owner=user, source=Conversation.Source.API)
-    exchange(conversation, "A question over /v1")
-    unkept.unkept_remember(conversation_id=conversation.pk)
-    _remove(conversation, keep_tombstone=keep_tombstone)
-
-    assert run_task_quietly(sweep_unkept_conversations, caplog=caplog) == 1
-    assert not unkept.unkept_listed(conversation_id=conversation.pk)
-    assert _gone_or_blank(conversation)
-
-
-def test_the_unkept_sweeper_takes_a_conversation_removed_between_its_read_and_its_removal(
-    user: User, caplog: pytest.LogCaptureFixture, monkeypatch: pytest.MonkeyPatch, settings: Any
-) -> None:
-    settings.OPENAI_API_UNKEPT_SWEEP_AFTER_SECONDS = 0
-    conversation = ConversationFactory.create(owner=user, source=Conversation.Source.API)
-    exchange(conversation, "A question over /v1")
-    unkept.unkept_remember(conversation_id=conversation.pk)
-    real_remove = unkept.conversation_remove
-
-    def removed_meanwhile(*, conversation: Conversation, **kwargs: Any) -> bool:
-        _remove(conversation, keep_tombstone=True)  # its owner deleted it from the web chat
-        return real_remove(conversation=conversation, **kwargs)
-
-    monkeypatch.setattr(unkept, "conversation_remove", removed_meanwhile)
-
-    assert run_task_quietly(sweep_unkept_conversations, caplog=caplog) == 1
-    assert not unkept.unkept_listed(conversation_id=conversation.pk)
-    assert not Conversation.objects.filter(pk=conversation.pk).exists()
 
 
 def test_the_title_claim_is_released_when_the_conversation_is_gone(

@@ -26,13 +26,14 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
 from django.db import close_old_connections
 
+from chatsite.catalog import CATALOG
 from chatsite.redis import sync_redis
 
 from .. import queue, services
@@ -514,7 +515,16 @@ class Fleet:
 
 
 def fleet_rows() -> Fleet:
-    """One read of the fleet (two statements) for a health check."""
+    """The fleet for a health check: from the process's catalog (`chatsite.catalog`; a pool
+    or worker saved anywhere, a worker's state changed, makes every process read it again),
+    so a replica's health loop reads Postgres only after a change, not every second. Fresh
+    views each call: the caller fills in their load."""
+    kept = CATALOG.get(("fleet",), _fleet_now)
+    return replace(kept, workers=[replace(view) for view in kept.workers])
+
+
+def _fleet_now() -> Fleet:
+    """One read of the fleet (two statements)."""
     close_old_connections()
     pools = ModelPool.objects.filter(is_active=True).values_list(
         "name", "fallback__name", "fallback__is_active", "fallback__context_window"

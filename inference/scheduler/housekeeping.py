@@ -44,8 +44,11 @@ class Housekeeping:
         capacity: Capacity,
         writer: StreamWriter,
         running: dict[str, asyncio.Task[None]],
+        finished: asyncio.Event | None = None,
     ) -> None:
         self.redis = redis
+        # Set when a chore finished a generation (it may have no row: its usage is batched).
+        self.finished = finished or asyncio.Event()
         self.replica_id = replica_id
         self.capacity = capacity
         self.writer = writer
@@ -112,6 +115,7 @@ class Housekeeping:
                     text="",
                     finish_reason="cancelled",
                 )
+                self.finished.set()
 
     async def reject_overdue(self) -> None:
         deadline = queue.now_ms() - settings.SCHEDULER_MAX_QUEUE_SECONDS * 1000
@@ -131,6 +135,7 @@ class Housekeeping:
                         f"{settings.SCHEDULER_MAX_QUEUE_SECONDS} s. Please try again."
                     ),
                 )
+                self.finished.set()
 
     async def send_to_fallback(self) -> None:
         """The overload policy: answers of the fallback tiers that waited past

@@ -92,8 +92,11 @@ class Runs:
         guard: OutputGuard,
         tools: ToolLoop,
         no_tool_workers: set[int],
+        finished: asyncio.Event | None = None,
     ) -> None:
         self.redis = redis
+        # Set as a generation without a row finishes: what it left is written in a batch.
+        self.finished = finished or asyncio.Event()
         self.replica_id = replica_id
         self.client = client
         self.capacity = capacity
@@ -201,7 +204,9 @@ class Runs:
                         run.finished = True  # finished elsewhere meanwhile (deleted, swept)
                         return
                     if calls:
-                        await self.tools.hand_to_client(generation_id=gid, calls=calls)
+                        await self.tools.hand_to_client(
+                            generation_id=gid, calls=calls, kept=run.job.kept
+                        )
                         run.finish_reason = "tool_calls"
                     await self._finish(run, Generation.Status.COMPLETE, run.finish_reason or "stop")
                     return
@@ -344,11 +349,12 @@ class Runs:
                     "attempt",
                     run.attempt,
                 )
-                pipe.set(
-                    queue.affinity_key(job.conversation_id),
-                    run.worker.id,
-                    ex=settings.SCHEDULER_AFFINITY_TTL_SECONDS,
-                )
+                if job.conversation_id:  # an unkept answer has no next turn to place
+                    pipe.set(
+                        queue.affinity_key(job.conversation_id),
+                        run.worker.id,
+                        ex=settings.SCHEDULER_AFFINITY_TTL_SECONDS,
+                    )
                 await pipe.execute()
         except REDIS_FAULTS:
             logger.warning("could not note attempt %d of %s", run.attempt, job.generation_id)
@@ -369,11 +375,12 @@ class Runs:
                 )
             except REDIS_FAULTS:  # Redis is away; the answer goes on (the writer holds it)
                 logger.warning("could not note the first token of %s", gid)
-        self._spawn(
-            sync_to_async(services.generation_mark_started)(
-                generation_id=gid, admission=run.admission
+        if run.job.kept:  # an unkept answer has no row to mark
+            self._spawn(
+                sync_to_async(services.generation_mark_started)(
+                    generation_id=gid, admission=run.admission
+                )
             )
-        )
         if run.admitted is not None:
             ttft = first_token_at - admission.admitted_at
             self._spawn(self.capacity.first_token(gid, run.admitted, ttft.total_seconds() * 1000))
@@ -392,10 +399,10 @@ class Runs:
             calls=calls,
         )
         sent = sent_calls(calls)
-        written = await sync_to_async(services.generation_add_tool_round)(
+        # An unkept answer's rounds live in the run alone, as its text does.
+        if run.job.kept and not await sync_to_async(services.generation_add_tool_round)(
             generation_id=gid, text=run.text, tool_calls=sent, results=results
-        )
-        if not written:
+        ):
             return False
         run.messages = [
             *run.messages,
@@ -513,6 +520,7 @@ class Runs:
                     error_code=error_code,
                     error_message=error_message,
                     admission=run.admission,
+                    job=run.job,
                 )
             except Exception:
                 logger.exception(
@@ -524,6 +532,8 @@ class Runs:
                 await sync_to_async(close_old_connections)()
             else:
                 run.finished = True
+                if not run.job.kept:
+                    self.finished.set()
                 logger.debug(
                     "generation %s ended %s (%s)", run.job.generation_id, status, finish_reason
                 )
@@ -564,6 +574,7 @@ class Runs:
         try:
             await sync_to_async(hooks.get_hooks().generation_output_flagged)(
                 generation_id=run.job.generation_id,
+                user_id=run.job.user_id,
                 excerpt=window.blocked_excerpt if retracted else window.review_excerpt,
                 verdict=verdict,
                 retracted=retracted,

@@ -12,6 +12,8 @@ on a worker with room (`capacity.py`, by the policy of `placement.py`), and serv
 - adoption:     adopts the answers of replicas that stopped beating; gives up those another
                 replica adopted from this one while it stood still
 - housekeeping: lease renewal, queue time limit, queue positions, stale sweep
+- flush:        a second after this replica finished answers without a row (`/v1` keys that
+                keep nothing), the hooks write what those left in one batch (`generations_flush`)
 
 With a `metrics_port`, the replica also serves `/metrics`, `/healthz` and `/readyz` there
 (`ops.py`).
@@ -33,7 +35,7 @@ from django.conf import settings
 
 from chatsite.redis import REDIS_FAULTS, async_pubsub, async_redis
 
-from .. import metrics, queue, services
+from .. import hooks, metrics, queue, services
 from ..client import OpenAICompatibleClient, WorkerLoad, get_client
 from ..models import Worker
 from ..tokens import warm_default_tokenizer
@@ -54,6 +56,9 @@ logger = logging.getLogger(__name__)
 # a released lease (any replica's) and a worker coming up wake the dispatcher at once; the
 # poll is for what announces itself to nobody: a dead replica's leases lapsing.
 IDLE_POLL_SECONDS = 1.0
+# What answers without a row leave to write (their usage events) is written this long after
+# this replica finished one: a second of answers is one batch.
+FLUSH_DELAY_SECONDS = 1.0
 
 
 class Scheduler:
@@ -78,6 +83,8 @@ class Scheduler:
             else settings.SCHEDULER_HEALTH_INTERVAL_MS / 1000
         )
         self.running: dict[str, asyncio.Task[None]] = {}
+        # Set when this replica finished a generation; the flush loop writes a batch after.
+        self.flush_due = asyncio.Event()
         # Workers that refused tools (started without a tool-call parser): answer without.
         self.no_tool_workers: set[int] = set()
         self.capacity = Capacity(self.redis, configured_policy())
@@ -94,6 +101,7 @@ class Scheduler:
             guard=self.guard,
             tools=self.tools,
             no_tool_workers=self.no_tool_workers,
+            finished=self.flush_due,
         )
         self.housekeeping = Housekeeping(
             redis=self.redis,
@@ -101,6 +109,7 @@ class Scheduler:
             capacity=self.capacity,
             writer=self.writer,
             running=self.running,
+            finished=self.flush_due,
         )
         # Per worker that publishes KV cache events: the subscriber following them.
         self.kv_subscribers: dict[int, _Following] = {}
@@ -140,6 +149,7 @@ class Scheduler:
             asyncio.create_task(self.dispatch_loop(), name="dispatch"),
             asyncio.create_task(self.listen_loop(), name="listen"),
             asyncio.create_task(self._loop(self.housekeeping.step, 1.0), name="housekeeping"),
+            asyncio.create_task(self.flush_loop(), name="flush"),
         ]
         logger.info(
             "scheduler %s started with %d worker(s)", self.replica_id, len(self.capacity.workers)
@@ -156,6 +166,7 @@ class Scheduler:
             if self.ops is not None:
                 await self.ops.stop()
             await self._drain()
+            await self.flush()
             await self.liveness.leave()
             await self.redis.aclose()
             await self.client.aclose()
@@ -391,6 +402,31 @@ class Scheduler:
         finally:
             self.running.pop(run.job.generation_id, None)
             self._wake.set()
+
+    # What finished answers left to write
+
+    async def flush_loop(self) -> None:
+        """Once at start (what a replica that died left), then a second after this replica
+        finished generations: nothing while it finishes none."""
+        self.flush_due.set()
+        while not self._stopping.is_set():
+            await self.flush_due.wait()
+            await asyncio.sleep(FLUSH_DELAY_SECONDS)
+            self.flush_due.clear()
+            if not await self.flush():
+                self.flush_due.set()  # again after the delay
+
+    async def flush(self) -> bool:
+        """The hooks write what finishes of generations without a row left; False if that
+        failed (it stays to be written)."""
+        try:
+            await sync_to_async(hooks.get_hooks().generations_flush)()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            logger.exception("could not write what finished answers left; retrying")
+            return False
+        return True
 
     # Messages from other processes
 

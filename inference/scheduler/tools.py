@@ -151,12 +151,16 @@ class ToolLoop:
                 error_message=message,
             )
 
-    async def hand_to_client(self, *, generation_id: str, calls: list[ToolCall]) -> None:
-        """End at the model's calls: the client (`/v1`) runs its own tools."""
+    async def hand_to_client(
+        self, *, generation_id: str, calls: list[ToolCall], kept: bool = True
+    ) -> None:
+        """End at the model's calls: the client (`/v1`) runs its own tools. A `kept` answer
+        keeps them with its message; the others only send them."""
         tool_calls = [call.to_openai() for call in calls]
-        await sync_to_async(services.generation_record_tool_calls)(
-            generation_id=generation_id, tool_calls=tool_calls
-        )
+        if kept:
+            await sync_to_async(services.generation_record_tool_calls)(
+                generation_id=generation_id, tool_calls=tool_calls
+            )
         await self.writer.event(
             generation_id, StreamEvent.TOOL_CALLS, ToolCallsData(tool_calls=tool_calls)
         )

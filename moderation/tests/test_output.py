@@ -14,10 +14,11 @@ from django.contrib.auth.models import User
 from django.test import Client
 from rest_framework.test import APIClient
 
+from billing.models import UsageEvent
 from chatsite.redis import async_redis
 from chatsite.testing import budget
 from conversations.models import Message
-from conversations.turns import Turn
+from conversations.turns import Turn, turn_unkept
 from inference import queue
 from inference.api.stream import _stored_events
 from inference.models import Generation
@@ -160,6 +161,39 @@ async def test_a_stream_that_turns_bad_is_stopped_retracted_and_stored_blocked(
     assert flag.action == Flag.Action.RETRACTED
     assert flag.message_id == message.pk and flag.conversation_id == turn.conversation.pk
     assert INSULT in flag.excerpt
+
+
+async def test_an_answer_that_keeps_no_row_is_withdrawn_and_flagged_against_its_user(
+    user: User, small_windows: None, tripped: threading.Event
+) -> None:
+    """A `/v1` key that keeps nothing: no message to mark blocked, so the flag names the user
+    alone; the answer is withdrawn from the stream and charged as produced, once."""
+    script = [CALM] * 4 + [INSULT] + [CALM] * 80
+    fake = ScriptedWorker(script, token_delay=0.02, hold_at=7, hold_until=tripped)
+    fake.start()
+    await sync_to_async(register_pool)(fake)
+    turn = await sync_to_async(turn_unkept)(
+        user=user, model="smollm2-135m", system_prompt="", messages=[("user", "The weather?")]
+    )
+    gid = str(turn.generation.id)
+
+    async def done() -> bool:
+        return "done" in [name for name, _ in await sync_to_async(stream_events)(gid)]
+
+    async with running_schedulers():
+        await wait_for(done)
+    fake.stop()
+
+    names = [name for name, _ in await sync_to_async(stream_events)(gid)]
+    assert names[-2:] == ["retract", "done"] and "delta" not in names
+    flag = await Flag.objects.aget(user=user)
+    assert (flag.direction, flag.action) == (Flag.Direction.OUTPUT, Flag.Action.RETRACTED)
+    assert flag.conversation_id is None and flag.message_id is None
+    assert INSULT in flag.excerpt
+    event = await UsageEvent.objects.aget(generation_id=gid)
+    assert event.status == "complete" and 0 < event.output_tokens < 85 * 8
+    assert not await Generation.objects.filter(user=user).aexists()
+    assert not await Message.objects.filter(conversation__owner=user).aexists()
 
 
 async def test_a_trip_the_timer_finds_stops_an_answer_whose_tokens_outrun_the_interval(
