@@ -44,6 +44,9 @@ REGENERATE_BUDGET = 16
 # own first, and its messages written and read back as a send does; 8 while the sanction
 # check read the database).
 V1_BUDGET = 7
+# A key that keeps nothing: the key alone; nothing is written (7 while the conversation was
+# written and removed again once answered, plus that removal's own statements).
+UNKEPT_V1_BUDGET = 1
 # The sidebar's page (the key, the page of conversations) whatever its filters and however
 # many rows, and one more for a folder filter (the folder, fetched as its owner's).
 SIDEBAR_BUDGET = 2
@@ -117,23 +120,31 @@ def test_a_regeneration_stays_within_its_budget(
     assert count <= REGENERATE_BUDGET, "\n".join(sql)
 
 
-# Committed for real: the view gives its connection back once the turn is queued.
-@pytest.mark.django_db(transaction=True)
-def test_a_v1_request_stays_within_its_budget(user: Any) -> None:
+HISTORY = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "one"},
+    {"role": "assistant", "content": "an answer"},
+    {"role": "user", "content": "two"},
+]
+
+
+def v1_asker(user: Any, *, keep: bool) -> Any:
     default_plan()  # made by the first request otherwise: a catalog change, read again after
-    client = Client(HTTP_AUTHORIZATION=f"Bearer {api_key_create(user=user, name='v1')[1]}")
-    history = [
-        {"role": "system", "content": "Be brief."},
-        {"role": "user", "content": "one"},
-        {"role": "assistant", "content": "an answer"},
-        {"role": "user", "content": "two"},
-    ]
+    raw_key = api_key_create(user=user, name="v1", store_conversations=keep)[1]
+    client = Client(HTTP_AUTHORIZATION=f"Bearer {raw_key}")
 
     def ask() -> Any:
         # Streamed: the view answers once the turn is queued (the stream is not read here).
-        body = {"model": "smollm2-135m", "messages": history, "stream": True}
+        body = {"model": "smollm2-135m", "messages": HISTORY, "stream": True}
         return client.post("/v1/chat/completions", body, "application/json")
 
+    return ask
+
+
+# Committed for real: the view gives its connection back once the turn is queued.
+@pytest.mark.django_db(transaction=True)
+def test_a_v1_request_stays_within_its_budget(user: Any) -> None:
+    ask = v1_asker(user, keep=True)
     assert ask().status_code == 200
     count, sql = statements(ask, status=200)
     assert count <= V1_BUDGET, "\n".join(sql)
@@ -211,3 +222,13 @@ def test_a_search_page_stays_within_its_budget(api_client: APIClient, user: Any)
         lambda: api_client.get("/api/v1/search", {"q": "heron", "limit": "5"}), status=200
     )
     assert count <= SEARCH_BUDGET, "\n".join(sql)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_v1_request_of_a_key_that_keeps_nothing_reads_only_its_key(user: Any) -> None:
+    ask = v1_asker(user, keep=False)
+    assert ask().status_code == 200
+    count, sql = statements(ask, status=200)
+    assert count <= UNKEPT_V1_BUDGET, "\n".join(sql)
+    assert "accounts_apikey" in sql[0]
+    assert not Conversation.objects.filter(owner=user).exists()
