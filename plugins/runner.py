@@ -13,7 +13,9 @@ class PluginToolRunner:
     """Runs a tool the model called through `plugins.services.tool_run`, with the caller's
     permissions. Called in the scheduler's tool threads; never raises."""
 
-    def run(self, *, user_id: int, conversation_id: str, name: str, arguments: str) -> ToolResult:
+    def run(
+        self, *, user_id: int, conversation_id: str | None, name: str, arguments: str
+    ) -> ToolResult:
         try:
             return tool_run(
                 user_id=user_id, conversation_id=conversation_id, name=name, arguments=arguments

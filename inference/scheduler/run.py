@@ -395,7 +395,8 @@ class Runs:
         results = await self.tools.run_calls(
             generation_id=gid,
             user_id=run.job.user_id,
-            conversation_id=run.job.conversation_id,
+            # An unkept answer is in no conversation: the user's tools, as it was offered.
+            conversation_id=run.job.conversation_id or None,
             calls=calls,
         )
         sent = sent_calls(calls)

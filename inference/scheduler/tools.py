@@ -48,8 +48,11 @@ class ToolRunner(Protocol):
     """Runs one tool call for the model, with the caller's permissions. Blocking (the loop
     calls it in a thread); never raises: a failure is a `ToolResult` with an error code."""
 
-    def run(self, *, user_id: int, conversation_id: str, name: str, arguments: str) -> ToolResult:
-        """The result of tool `name` with `arguments` (a JSON object as text)."""
+    def run(
+        self, *, user_id: int, conversation_id: str | None, name: str, arguments: str
+    ) -> ToolResult:
+        """The result of tool `name` with `arguments` (a JSON object as text), in the
+        conversation `conversation_id` (None for an answer kept in none: `/v1`'s unkept)."""
 
 
 def configured_runner() -> ToolRunner:
@@ -77,7 +80,12 @@ class ToolLoop:
         self._threads.shutdown(wait=True, cancel_futures=True)
 
     async def run_calls(
-        self, *, generation_id: str, user_id: int, conversation_id: str, calls: list[ToolCall]
+        self,
+        *,
+        generation_id: str,
+        user_id: int,
+        conversation_id: str | None,
+        calls: list[ToolCall],
     ) -> list[dict[str, Any]]:
         """Each call's result, as the tool messages of the round need them."""
         results = []
@@ -122,7 +130,9 @@ class ToolLoop:
             )
         return results
 
-    async def _run(self, *, user_id: int, conversation_id: str, call: ToolCall) -> ToolResult:
+    async def _run(
+        self, *, user_id: int, conversation_id: str | None, call: ToolCall
+    ) -> ToolResult:
         loop = asyncio.get_running_loop()
         guard = settings.PLUGINS_TOOL_TIMEOUT_SECONDS + TOOL_GUARD_SECONDS
         try:

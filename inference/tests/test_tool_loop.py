@@ -21,7 +21,7 @@ from conversations.context import assemble_context, load_tokenizer
 from conversations.models import Conversation, Message
 from conversations.selectors import active_branch
 from conversations.services import conversation_create
-from conversations.turns import turn_regenerate
+from conversations.turns import turn_regenerate, turn_unkept
 from inference import services
 from inference.client import ToolCallAssembler, ToolCallDelta
 from inference.management.commands.run_worker import build_worker_argv
@@ -131,6 +131,37 @@ async def test_a_tool_call_is_run_written_to_the_branch_and_the_answer_continues
     assert second[-2]["role"] == "assistant" and second[-2]["tool_calls"][0]["id"] == "call-0"
     assert second[-1] == {"role": "tool", "tool_call_id": "call-0", "content": tool.content}
     assert fake.requests[0]["tools"][0]["function"]["name"] == "echo"
+
+
+async def test_an_answer_kept_in_no_conversation_runs_its_tools_and_writes_no_round(
+    user: User, fake_workers: Callable[..., Any]
+) -> None:
+    """A `/v1` key that keeps nothing: the plugins' tools are offered and run as the user's
+    (in no conversation), the round lives in the run alone, and the answer continues."""
+    fake = fake_workers(tokens=4, tool_calls=[("echo", '{"text": "hi there"}')])
+    await sync_to_async(register_pool)(fake)
+    turn = await sync_to_async(turn_unkept)(
+        user=user, model="smollm2-135m", system_prompt="", messages=[("user", "Echo hi")]
+    )
+    gid = str(turn.generation.id)
+
+    async def done() -> bool:
+        return "done" in [name for name, _ in await sync_to_async(stream_events)(gid)]
+
+    async with running_schedulers():
+        await wait_for(done)
+
+    events = [e for e in await sync_to_async(stream_events)(gid) if e[0] != "queue"]
+    result = next(data for name, data in events if name == "tool_result")
+    assert result["ok"] is True
+    assert json.loads(result["content"])["user"] == user.pk
+    assert events[-1][1]["status"] == "complete"
+    text = "".join(data["text"] for name, data in events if name == "delta")
+    assert text == "tok0 tok1 tok2 tok3 "
+    assert len(fake.requests) == 2
+    assert fake.requests[1]["messages"][-1]["role"] == "tool"
+    assert not await Conversation.objects.filter(owner=user).aexists()
+    assert not await Generation.objects.filter(user=user).aexists()
 
 
 async def test_the_next_turn_and_a_regenerate_see_the_tool_round(
