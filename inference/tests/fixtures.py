@@ -168,6 +168,12 @@ async def finished(generation_id: Any) -> bool:
     return (await Generation.objects.aget(pk=generation_id)).is_final
 
 
+async def stream_ended(generation_id: Any) -> bool:
+    """Whether the generation's stream carries its `done` event (for one without a row)."""
+    events = await sync_to_async(stream_events)(generation_id)
+    return "done" in [name for name, _ in events]
+
+
 def send_turn(user: Any, content: str = "Hello there", conversation: Any = None) -> Any:
     """A user's turn through the real request path (a new conversation unless one is given)."""
     from conversations.services import conversation_create

@@ -29,7 +29,15 @@ from inference.models import Generation
 from plugins.registry import Registry, registry_build, registry_reset
 from plugins.tests import fakes
 
-from .fixtures import finished, register_pool, running_schedulers, send, stream_events, wait_for
+from .fixtures import (
+    finished,
+    register_pool,
+    running_schedulers,
+    send,
+    stream_ended,
+    stream_events,
+    wait_for,
+)
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -145,11 +153,8 @@ async def test_an_answer_kept_in_no_conversation_runs_its_tools_and_writes_no_ro
     )
     gid = str(turn.generation.id)
 
-    async def done() -> bool:
-        return "done" in [name for name, _ in await sync_to_async(stream_events)(gid)]
-
     async with running_schedulers():
-        await wait_for(done)
+        await wait_for(lambda: stream_ended(gid))
 
     events = [e for e in await sync_to_async(stream_events)(gid) if e[0] != "queue"]
     result = next(data for name, data in events if name == "tool_result")

@@ -29,6 +29,7 @@ from inference.tests.fixtures import (
     register_pool,
     running_schedulers,
     send,
+    stream_ended,
     stream_events,
     wait_for,
 )
@@ -177,11 +178,8 @@ async def test_an_answer_that_keeps_no_row_is_withdrawn_and_flagged_against_its_
     )
     gid = str(turn.generation.id)
 
-    async def done() -> bool:
-        return "done" in [name for name, _ in await sync_to_async(stream_events)(gid)]
-
     async with running_schedulers():
-        await wait_for(done)
+        await wait_for(lambda: stream_ended(gid))
     fake.stop()
 
     names = [name for name, _ in await sync_to_async(stream_events)(gid)]
