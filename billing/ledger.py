@@ -196,8 +196,8 @@ def _writer() -> Iterator[bool]:
     try:
         yield holding
     finally:
-        if holding and redis.get(_lock_key()) == token:
-            redis.delete(_lock_key())
+        if holding:  # only while it is still ours (it may have lapsed and been taken)
+            quota.script(quota.DELETE_IF_EQUAL)(keys=[_lock_key()], args=[token])
 
 
 def _write(entries: Entries) -> None:

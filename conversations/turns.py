@@ -20,9 +20,9 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import User
@@ -250,37 +250,55 @@ def _queued_turn(
         "tools": tools,
         "tool_choice": tool_choice,
     }
-    if idempotency_key is None:
-        return _write_and_start(
-            user=user, conversation=conversation, write=write, content=content, **options
-        )
-    fingerprint = idempotency_fingerprint(request)
-    stored = idempotency_claim(user=user, key=idempotency_key, fingerprint=fingerprint)
-    if stored is not None:
-        replay = _replay(stored)
-        if replay is not None:
-            return replay
-        # What the key made is gone (its conversation was deleted): run the request again,
-        # which answers as it would without the key.
-    try:
-        turn = _write_and_start(
-            user=user, conversation=conversation, write=write, content=content, **options
-        )
-    except BaseException:
-        idempotency_release(user=user, key=idempotency_key, fingerprint=fingerprint)
-        raise
-    idempotency_complete(
+    return _once_per_key(
         user=user,
-        key=idempotency_key,
-        fingerprint=fingerprint,
-        result={
+        idempotency_key=idempotency_key,
+        request=request,
+        run=lambda: _write_and_start(
+            user=user, conversation=conversation, write=write, content=content, **options
+        ),
+        replay=_replay,
+        result=lambda turn: {
             "conversation": str(turn.conversation.pk),
             "user_message": str(turn.user_message.pk) if turn.user_message else None,
             "assistant_message": str(turn.assistant_message.pk),
             "generation": str(turn.generation.pk),
         },
     )
-    return turn
+
+
+_Made = TypeVar("_Made")
+
+
+def _once_per_key(
+    *,
+    user: User,
+    idempotency_key: str | None,
+    request: dict[str, Any],
+    run: Callable[[], _Made],
+    replay: Callable[[dict[str, Any]], _Made | None],
+    result: Callable[[_Made], dict[str, Any]],
+) -> _Made:
+    """`run` the turn once per idempotency key (every time without one): a retry with the
+    key gets `replay` of what the first made (from its stored `result`), charged once. If
+    that is gone (None), the request runs again, as it would without the key."""
+    if idempotency_key is None:
+        return run()
+    fingerprint = idempotency_fingerprint(request)
+    stored = idempotency_claim(user=user, key=idempotency_key, fingerprint=fingerprint)
+    if stored is not None:
+        replayed = replay(stored)
+        if replayed is not None:
+            return replayed
+    try:
+        made = run()
+    except BaseException:
+        idempotency_release(user=user, key=idempotency_key, fingerprint=fingerprint)
+        raise
+    idempotency_complete(
+        user=user, key=idempotency_key, fingerprint=fingerprint, result=result(made)
+    )
+    return made
 
 
 def _write_and_start(
@@ -333,15 +351,13 @@ def _write_and_start(
             # The rows rolled back after the reservation was made: give it back now.
             reservation_release(user_id=user.pk, reservation_id=str(generation.pk))
         raise
-    if verdict is not None and verdict.needs_review and user_message is not None:
-        flag_record(
+    if user_message is not None:
+        _flag_for_review(
             user=user,
+            verdict=verdict,
             conversation=conversation,
             message=user_message,
-            direction=Flag.Direction.INPUT,
             excerpt=user_message.content,
-            verdict=verdict,
-            action=Flag.Action.REVIEW,
         )
     return Turn(conversation, user_message, placeholder, generation)
 
@@ -394,6 +410,22 @@ def _moderate_input(
         return None
     with tracing.span("turn.moderate_input"):
         return moderation_check_input(user=user, conversation=conversation, content=content)
+
+
+def _flag_for_review(
+    *, user: User, verdict: Verdict | None, conversation: Any, message: Any, excerpt: str
+) -> None:
+    """A new text the checks let through but asked staff to look at gets its flag."""
+    if verdict is not None and verdict.needs_review:
+        flag_record(
+            user=user,
+            conversation=conversation,
+            message=message,
+            direction=Flag.Direction.INPUT,
+            excerpt=excerpt,
+            verdict=verdict,
+            action=Flag.Action.REVIEW,
+        )
 
 
 @cache
@@ -631,50 +663,39 @@ def turn_unkept(
         messages=messages,
         count_tokens=_token_counter(conversation.model),
     )
-    # Every message here is the client's own text, never checked before: all of it is new.
-    content = "\n\n".join(part for part in [system_prompt, *(m[1] for m in messages)] if part)
-
-    def start() -> UnkeptGeneration:
-        return _unkept_start(
-            user=user,
-            conversation=conversation,
-            branch=written.branch[:-1],
-            content=content,
-            max_tokens=max_tokens,
-            params=params,
-            tools=tools,
-            tool_choice=tool_choice,
-        )
-
-    if idempotency_key is None:
-        return UnkeptTurn(start())
-    fingerprint = idempotency_fingerprint(
-        _messages_request(model, system_prompt, messages, max_tokens, params, tools, tool_choice)
-    )
-    stored = idempotency_claim(user=user, key=idempotency_key, fingerprint=fingerprint)
-    if stored is not None:
-        replay = _unkept_replay(stored, user=user)
-        if replay is not None:
-            return replay
-        # The answer it made is over and gone: run the request again.
-    try:
-        generation = start()
-    except BaseException:
-        idempotency_release(user=user, key=idempotency_key, fingerprint=fingerprint)
-        raise
-    idempotency_complete(
+    return _once_per_key(
         user=user,
-        key=idempotency_key,
-        fingerprint=fingerprint,
-        result={
-            "generation": str(generation.id),
+        idempotency_key=idempotency_key,
+        request=_messages_request(
+            model, system_prompt, messages, max_tokens, params, tools, tool_choice
+        ),
+        run=lambda: UnkeptTurn(
+            _unkept_start(
+                user=user,
+                conversation=conversation,
+                branch=written.branch[:-1],
+                content=_client_text(system_prompt, messages),
+                max_tokens=max_tokens,
+                params=params,
+                tools=tools,
+                tool_choice=tool_choice,
+            )
+        ),
+        replay=lambda stored: _unkept_replay(stored, user=user),
+        result=lambda turn: {
+            "generation": str(turn.generation.id),
             "unkept": True,
-            "pool": generation.pool.name,
-            "tier": generation.tier,
-            "max_tokens": generation.max_tokens,
+            "pool": turn.generation.pool.name,
+            "tier": turn.generation.tier,
+            "max_tokens": turn.generation.max_tokens,
         },
     )
-    return UnkeptTurn(generation)
+
+
+def _client_text(system_prompt: str, messages: Sequence[services.BranchTurn]) -> str:
+    """All the text a `/v1` request carries: the client's own, never checked before, so all
+    of it is new to the input checks."""
+    return "\n\n".join(part for part in [system_prompt, *(m[1] for m in messages)] if part)
 
 
 @tracing.traced("turn")
@@ -714,16 +735,7 @@ def _unkept_start(
         may_fall_back=False,
         route=_auto_route(accepted.choice),
     )
-    if verdict is not None and verdict.needs_review:
-        flag_record(
-            user=user,
-            conversation=None,
-            message=None,
-            direction=Flag.Direction.INPUT,
-            excerpt=content,
-            verdict=verdict,
-            action=Flag.Action.REVIEW,
-        )
+    _flag_for_review(user=user, verdict=verdict, conversation=None, message=None, excerpt=content)
     return generation
 
 
@@ -737,8 +749,9 @@ def _unkept_replay(stored: dict[str, Any], *, user: User) -> UnkeptTurn | None:
         pool=pool_named(model=stored["pool"]),
         tier=stored["tier"],
         max_tokens=int(stored["max_tokens"]),
+        generation_id=uuid.UUID(stored["generation"]),
     )
-    return UnkeptTurn(replace(generation, id=uuid.UUID(stored["generation"])), replayed=True)
+    return UnkeptTurn(generation, replayed=True)
 
 
 def _messages_request(
@@ -803,14 +816,12 @@ def turn_from_messages(
             count_tokens=_token_counter(conversation.model),
         )
 
-    # Every message here is the client's own text, never checked before: all of it is new.
-    written = "\n\n".join(part for part in [system_prompt, *(m[1] for m in messages)] if part)
     try:
         turn = _queued_turn(
             user=user,
             conversation=conversation,
             write=write,
-            content=written,
+            content=_client_text(system_prompt, messages),
             idempotency_key=idempotency_key,
             request=_messages_request(
                 model, system_prompt, messages, max_tokens, params, tools, tool_choice

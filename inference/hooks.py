@@ -72,8 +72,8 @@ class InferenceHooks:
         self, *, generation: Generation | UnkeptGeneration, outcome: Outcome
     ) -> None:
         """The final state is committed; the stream's `done` event goes out after this. For a
-        generation without a row (`inference.unkept.is_unkept`), the only hook of its finish:
-        write what must last of it without waiting for a statement (batch it)."""
+        generation without a row (an `inference.unkept.UnkeptGeneration`), the only hook of
+        its finish: write what must last of it without waiting for a statement (batch it)."""
 
     def generations_flush(self) -> None:
         """Write, in one batch, what the finishes of generations without a row left to write

@@ -38,7 +38,7 @@ from .errors import ErrorCode
 from .hooks import Outcome, get_hooks
 from .models import Generation, ModelPool, Worker, worker_url_refusal
 from .tokens import count_tokens, pool_tokenizer
-from .unkept import UnkeptGeneration, is_unkept
+from .unkept import UnkeptGeneration
 
 logger = logging.getLogger(__name__)
 
@@ -144,12 +144,18 @@ def generation_create(
 
 
 def generation_new_unkept(
-    *, user: User, pool: ModelPool, tier: str, max_tokens: int
+    *,
+    user: User,
+    pool: ModelPool,
+    tier: str,
+    max_tokens: int,
+    generation_id: uuid.UUID | None = None,
 ) -> UnkeptGeneration:
     """A generation that gets no row (inference/unkept.py): the answer of a `/v1` key that
-    keeps nothing, queued by `generation_enqueue` like any other."""
+    keeps nothing, queued by `generation_enqueue` like any other; with `generation_id`, the
+    record of one queued before (an idempotent retry's)."""
     return UnkeptGeneration(
-        id=uuid.uuid4(),
+        id=generation_id or uuid.uuid4(),
         user_id=user.pk,
         pool=pool,
         tier=tier,
@@ -180,7 +186,7 @@ def generation_enqueue(
         tool_choice=request.tool_choice,
         run_tools=request.run_tools and bool(request.tools),
         may_fall_back=request.may_fall_back,
-        kept=not is_unkept(generation),
+        kept=not isinstance(generation, UnkeptGeneration),
         request_id=logs.request_id.get() or "",
     )
 
@@ -411,16 +417,12 @@ def _finish_row(
         generation = generation_lock_unfinished(generation_id)
         if generation is None:
             return False if Generation.objects.filter(pk=generation_id).exists() else None
-        output_tokens = outcome.output_tokens
-        if output_tokens is None and outcome.text:
-            # The worker never reported usage (cancelled, failed): count what it produced.
-            output_tokens = count_tokens(pool_tokenizer(generation.pool), outcome.text)
-            outcome = replace(outcome, output_tokens=output_tokens)
+        outcome = _counted(outcome, generation.pool)
         generation.status = outcome.status
         generation.finished_at = now
         generation.finish_reason = outcome.finish_reason
         generation.prompt_tokens = outcome.prompt_tokens
-        generation.output_tokens = output_tokens
+        generation.output_tokens = outcome.output_tokens
         generation.cached_tokens = outcome.cached_tokens
         generation.error_code = error_code
         generation.error_message = error_message[:2000]
@@ -459,20 +461,25 @@ def _finish_unkept(
     if not redis.eval(queue.FINISH_UNKEPT, 1, queue.job_key(gid)):
         return False
     pool = _pool_of_job(job.pool)
-    output_tokens = outcome.output_tokens
-    if output_tokens is None and outcome.text:
-        output_tokens = count_tokens(pool_tokenizer(pool), outcome.text)
-        outcome = replace(outcome, output_tokens=output_tokens)
+    outcome = _counted(outcome, pool)
     generation = UnkeptGeneration.from_job(job, pool)
     generation.status = outcome.status
     generation.finished_at = timezone.now()
     generation.prompt_tokens = outcome.prompt_tokens
-    generation.output_tokens = output_tokens
+    generation.output_tokens = outcome.output_tokens
     generation.cached_tokens = outcome.cached_tokens
     get_hooks().generation_finished(generation=generation, outcome=outcome)
     metrics.finished(generation=generation, error_code=error_code)
     _close_stream(gid, outcome, error_code=error_code, error_message=error_message)
     return True
+
+
+def _counted(outcome: Outcome, pool: ModelPool) -> Outcome:
+    """`outcome` with its output tokens: the worker never reported usage (cancelled, failed),
+    so what it produced is counted with the pool's tokenizer."""
+    if outcome.output_tokens is not None or not outcome.text:
+        return outcome
+    return replace(outcome, output_tokens=count_tokens(pool_tokenizer(pool), outcome.text))
 
 
 def _pool_of_job(name: str) -> ModelPool:

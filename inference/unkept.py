@@ -18,7 +18,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
 
 from . import queue
 from .models import Generation, ModelPool
@@ -67,8 +66,3 @@ class UnkeptGeneration:
             priority=job.priority,
             max_tokens=job.max_tokens,
         )
-
-
-def is_unkept(generation: Any) -> bool:
-    """True for a generation that has no row (the subscribers then write no row about it)."""
-    return isinstance(generation, UnkeptGeneration)

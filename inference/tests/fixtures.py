@@ -186,6 +186,20 @@ def send_turn(user: Any, content: str = "Hello there", conversation: Any = None)
 send = sync_to_async(send_turn)
 
 
+def send_unkept_turn(user: Any, content: str = "Hello there") -> str:
+    """A `/v1` turn of a key that keeps nothing, through the real request path; the id of
+    its answer (which has no row: wait for it with `stream_ended`)."""
+    from conversations.turns import turn_unkept
+
+    turn = turn_unkept(
+        user=user, model=settings.DEFAULT_MODEL, system_prompt="", messages=[("user", content)]
+    )
+    return str(turn.generation.id)
+
+
+send_unkept = sync_to_async(send_unkept_turn)
+
+
 def _free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -21,7 +21,7 @@ from conversations.context import assemble_context, load_tokenizer
 from conversations.models import Conversation, Message
 from conversations.selectors import active_branch
 from conversations.services import conversation_create
-from conversations.turns import turn_regenerate, turn_unkept
+from conversations.turns import turn_regenerate
 from inference import services
 from inference.client import ToolCallAssembler, ToolCallDelta
 from inference.management.commands.run_worker import build_worker_argv
@@ -34,6 +34,7 @@ from .fixtures import (
     register_pool,
     running_schedulers,
     send,
+    send_unkept,
     stream_ended,
     stream_events,
     wait_for,
@@ -148,10 +149,7 @@ async def test_an_answer_kept_in_no_conversation_runs_its_tools_and_writes_no_ro
     (in no conversation), the round lives in the run alone, and the answer continues."""
     fake = fake_workers(tokens=4, tool_calls=[("echo", '{"text": "hi there"}')])
     await sync_to_async(register_pool)(fake)
-    turn = await sync_to_async(turn_unkept)(
-        user=user, model="smollm2-135m", system_prompt="", messages=[("user", "Echo hi")]
-    )
-    gid = str(turn.generation.id)
+    gid = await send_unkept(user, "Echo hi")
 
     async with running_schedulers():
         await wait_for(lambda: stream_ended(gid))

@@ -18,7 +18,7 @@ from billing.models import UsageEvent
 from chatsite.redis import async_redis
 from chatsite.testing import budget
 from conversations.models import Message
-from conversations.turns import Turn, turn_unkept
+from conversations.turns import Turn
 from inference import queue
 from inference.api.stream import _stored_events
 from inference.models import Generation
@@ -29,6 +29,7 @@ from inference.tests.fixtures import (
     register_pool,
     running_schedulers,
     send,
+    send_unkept,
     stream_ended,
     stream_events,
     wait_for,
@@ -173,10 +174,7 @@ async def test_an_answer_that_keeps_no_row_is_withdrawn_and_flagged_against_its_
     fake = ScriptedWorker(script, token_delay=0.02, hold_at=7, hold_until=tripped)
     fake.start()
     await sync_to_async(register_pool)(fake)
-    turn = await sync_to_async(turn_unkept)(
-        user=user, model="smollm2-135m", system_prompt="", messages=[("user", "The weather?")]
-    )
-    gid = str(turn.generation.id)
+    gid = await send_unkept(user, "The weather?")
 
     async with running_schedulers():
         await wait_for(lambda: stream_ended(gid))
