@@ -478,7 +478,11 @@ SCHEDULER_STALL_SECONDS = env_int("SCHEDULER_STALL_SECONDS", 30)
 # worker answers its health checks meanwhile); it is given up after this long.
 SCHEDULER_FIRST_TOKEN_SECONDS = env_int("SCHEDULER_FIRST_TOKEN_SECONDS", 300)
 SCHEDULER_COALESCE_MS = env_int("SCHEDULER_COALESCE_MS", 50)
+# Each replica reads every worker's /health and /metrics this often while it has work (an
+# answer running here, new work announced in the last idle interval, a worker down), and every
+# SCHEDULER_IDLE_HEALTH_INTERVAL_MS while it has none; new work brings the next reading forward.
 SCHEDULER_HEALTH_INTERVAL_MS = env_int("SCHEDULER_HEALTH_INTERVAL_MS", 1000)
+SCHEDULER_IDLE_HEALTH_INTERVAL_MS = env_int("SCHEDULER_IDLE_HEALTH_INTERVAL_MS", 5000)
 # How a generation (and a background completion) picks its worker: "predicted_ttft" (the
 # soonest first token, by the prompt tokens each worker's KV cache lacks, its backlog and its
 # streams), "affinity" (the worker of the conversation's last turn, unless it is much busier),

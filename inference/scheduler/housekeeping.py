@@ -61,14 +61,28 @@ class Housekeeping:
         # One replica at a time does the pool-wide chores.
         if not await self.redis.set(queue.key("housekeeping"), self.replica_id, nx=True, px=900):
             return
-        await self.reject_overdue()
         await self.cancel_abandoned()
-        await self.send_to_fallback()
-        await self.publish_positions()
+        if await self.anything_queued():
+            await self.reject_overdue()
+            await self.send_to_fallback()
+            await self.publish_positions()
         loop = asyncio.get_running_loop()
         if loop.time() - self._last_sweep >= SWEEP_EVERY_SECONDS:
             self._last_sweep = loop.time()
             await self.sweep()
+
+    async def anything_queued(self) -> bool:
+        """Whether any answer waits in a queue: the chores of the waiting (expiry, fallback,
+        places in line) cost a round trip or more per pool and tier, for nothing most of the
+        time; this is one."""
+        pools = {*self.capacity.active_pools, *self.capacity.fallbacks}
+        if not pools:
+            return False
+        async with self.redis.pipeline(transaction=False) as pipe:
+            for pool in pools:
+                for tier in queue.tiers_best_first():
+                    pipe.zcard(queue.queue_key(pool, tier))
+            return any(await pipe.execute())
 
     async def cancel_requested(self) -> None:
         """Cancel the running generations of this replica whose job carries the cancel flag:

@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import socket
 import uuid
@@ -82,6 +83,13 @@ class Scheduler:
             if health_interval is not None
             else settings.SCHEDULER_HEALTH_INTERVAL_MS / 1000
         )
+        # Idle (nothing of its own running, no work announced lately, every worker up), a
+        # replica reads its workers' load less often: see `health_loop`.
+        self.idle_health_interval = max(
+            self.health_interval, settings.SCHEDULER_IDLE_HEALTH_INTERVAL_MS / 1000
+        )
+        self._last_announced = -math.inf  # loop time; none yet
+        self._announced = asyncio.Event()
         self.running: dict[str, asyncio.Task[None]] = {}
         # Set when this replica finished a generation; the flush loop writes a batch after.
         self.flush_due = asyncio.Event()
@@ -143,9 +151,7 @@ class Scheduler:
         self._loops = loops = [
             asyncio.create_task(beat_forever(self.liveness, self._stopping), name="heartbeat"),
             asyncio.create_task(self._loop(self.adoption_step, 1.0), name="adoption"),
-            asyncio.create_task(
-                self._loop(self.check_workers, self.health_interval), name="health"
-            ),
+            asyncio.create_task(self.health_loop(), name="health"),
             asyncio.create_task(self.dispatch_loop(), name="dispatch"),
             asyncio.create_task(self.listen_loop(), name="listen"),
             asyncio.create_task(self._loop(self.housekeeping.step, 1.0), name="housekeeping"),
@@ -228,6 +234,45 @@ class Scheduler:
                 task.cancel()
 
     # Health
+
+    async def health_loop(self) -> None:
+        """`check_workers` every `health_interval` while the replica has work, every
+        `idle_health_interval` while it has none (an idle replica's loops are most of its CPU);
+        announced work makes a reading older than `health_interval` due at once."""
+        loop = asyncio.get_running_loop()
+        while not self._stopping.is_set():
+            checked = loop.time()
+            try:
+                await self.check_workers()
+            except asyncio.CancelledError:
+                raise
+            except REDIS_FAULTS as exc:
+                logger.warning("health: Redis does not answer (%r)", exc)
+            except Exception:
+                logger.exception("checking the workers failed; retrying")
+            self._announced.clear()
+            if not self._idle():
+                await asyncio.sleep(self.health_interval)
+                continue
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._announced.wait(), timeout=self.idle_health_interval)
+            await asyncio.sleep(max(0.0, checked + self.health_interval - loop.time()))
+
+    def _idle(self) -> bool:
+        """Nothing running here, no work announced within the idle interval, every worker
+        up (a down one is watched for its return at the busy pace)."""
+        return (
+            not self.running
+            and asyncio.get_running_loop().time() - self._last_announced > self.idle_health_interval
+            and all(view.state != Worker.State.DOWN for view in self.capacity.workers.values())
+        )
+
+    def _announce(self) -> None:
+        """Work was announced (new, or room for it): the dispatcher looks at once, and the
+        workers' load is read at the busy pace again."""
+        self._last_announced = asyncio.get_running_loop().time()
+        self._announced.set()
+        self._wake.set()
 
     async def check_workers(self) -> None:
         """Refresh the worker list from the database and measure each worker's load."""
@@ -454,7 +499,7 @@ class Scheduler:
                 if message is None:
                     continue
                 if message["channel"] == queue.wake_channel():
-                    self._wake.set()
+                    self._announce()
                 elif message["channel"] == queue.cancel_channel():
                     task = self.running.get(message["data"])
                     if task is not None:

@@ -79,6 +79,8 @@ class FakeWorker:
         self.running = 0
         self.aborted = 0
         self.healthy = True
+        # How many times /metrics was read (the schedulers' health checks).
+        self.metrics_reads = 0
         self._lock = threading.Lock()
         self._release = threading.Event()
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), self._handler())
@@ -129,6 +131,8 @@ class FakeWorker:
                 if self.path == "/health":
                     self._send(200, b"", "text/plain")
                 elif self.path == "/metrics":
+                    with worker._lock:
+                        worker.metrics_reads += 1
                     body = (
                         "# TYPE vllm:num_requests_running gauge\n"
                         f'vllm:num_requests_running{{model_name="fake"}} {worker.running}\n'

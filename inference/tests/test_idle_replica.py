@@ -1,0 +1,91 @@
+"""An idle scheduler replica costs little: it reads its workers' load at the idle pace until
+work is announced, and reads only the few lines it needs of a worker's /metrics."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from chatsite.redis import sync_redis
+from inference import queue
+from inference.client import _METRICS, parse_metrics
+
+from .fixtures import register_pool, running_schedulers, wait_for
+
+# As vLLM writes it: counters as `_total` and `_created` samples, a family whose name begins
+# with another's (`..._waiting_by_reason`), two engines to sum over, the cache's configuration
+# in an info metric's labels (one of them with an escaped quote), histograms around them.
+VLLM_METRICS = """vllm:num_requests_running{engine="0",model_name="m"} 2.0
+# HELP vllm:num_requests_waiting Number of requests waiting to be processed.
+# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0",model_name="m"} 3.0
+vllm:num_requests_waiting{engine="1",model_name="m"} 1.0
+# HELP vllm:num_requests_waiting_by_reason Waiting requests by reason.
+# TYPE vllm:num_requests_waiting_by_reason gauge
+vllm:num_requests_waiting_by_reason{engine="0",model_name="m",reason="capacity"} 9.0
+# TYPE vllm:kv_cache_usage_perc gauge
+vllm:kv_cache_usage_perc{engine="0",model_name="m"} 0.25
+# TYPE vllm:prefix_cache_queries_total counter
+vllm:prefix_cache_queries_total{engine="0",model_name="m"} 650.0
+vllm:prefix_cache_queries_created{engine="0",model_name="m"} 1.7965678328456347e+09
+# TYPE vllm:prefix_cache_hits_total counter
+vllm:prefix_cache_hits_total{engine="0",model_name="m"} 120.0
+vllm:prefix_cache_hits_created{engine="0",model_name="m"} 1.7965678328456483e+09
+# TYPE vllm:e2e_request_latency_seconds histogram
+vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="m"} 4.0
+vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 4.0
+# TYPE vllm:cache_config_info gauge
+vllm:cache_config_info{block_size="16",engine="0",note="say \\"hi\\"",num_gpu_blocks="364"} 1.0"""
+
+
+def test_the_load_read_from_vllms_metrics_is_what_prometheus_own_parser_reads() -> None:
+    load = parse_metrics(VLLM_METRICS)
+    reference = {
+        family.name: sum(
+            sample.value for sample in family.samples if not sample.name.endswith("_created")
+        )
+        for family in text_string_to_metric_families(VLLM_METRICS + "\n")
+        if family.name in _METRICS
+    }
+    reference["vllm:kv_cache_usage_perc"] *= 100  # a fraction, read as a percentage
+    assert load.raw == reference
+    assert (load.running, load.waiting, load.kv_cache_percent) == (2.0, 4.0, 25.0)
+    assert (load.prefix_cache_queries, load.prefix_cache_hits) == (650.0, 120.0)
+    assert (load.block_size, load.num_gpu_blocks, load.kv_capacity_tokens) == (16, 364, 5824)
+
+
+def test_a_worker_that_says_nothing_of_its_load_reads_as_idle() -> None:
+    load = parse_metrics("# TYPE other gauge\nother 1.0\nvllm:num_requests_running_x 5\n")
+    assert (load.running, load.waiting, load.block_size, load.raw) == (0.0, 0.0, 0, {})
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_idle_replica_reads_its_workers_at_the_idle_pace_until_work_is_announced(
+    fake_workers: Any, settings: Any
+) -> None:
+    # The busy pace is the fixture's 0.2 s; idle, a reading a minute.
+    settings.SCHEDULER_IDLE_HEALTH_INTERVAL_MS = 60_000
+    worker = fake_workers()
+    await asyncio.to_thread(register_pool, worker)
+    async with running_schedulers() as [replica]:
+
+        async def read_at_start() -> bool:
+            # The replica's reading at start, and its health loop's first.
+            return worker.metrics_reads >= 2 and replica.capacity.workers != {}
+
+        await wait_for(read_at_start, what="the readings at start")
+        reads = worker.metrics_reads
+        # Five busy intervals and more: no reading, whatever the machine's pace (the next
+        # is a minute away).
+        await asyncio.sleep(1.0)
+        assert worker.metrics_reads == reads
+
+        await asyncio.to_thread(sync_redis().publish, queue.wake_channel(), "work")
+
+        async def read_again() -> bool:
+            return worker.metrics_reads > reads
+
+        await wait_for(read_again, what="a reading once work is announced")
