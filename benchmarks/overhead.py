@@ -23,7 +23,7 @@ prompts start with their own random tag, so no side finds another's prompts in t
     .venv/bin/python benchmarks/overhead.py --workers http://127.0.0.1:8201
 
 `--profile DIR` records the edge and the scheduler with py-spy (only samples holding the GIL)
-during the highest level, or `--profile-level N`
+while they idle, and during the highest level, or `--profile-level N`
 (py-spy's raw collapsed stacks, one file per process and side; the frames with the most
 own samples go into the report).
 It prints one table, writes it to benchmarks/results/overhead-<UTC date-time>.txt and, with
@@ -92,7 +92,11 @@ SERVICE_SIDES = ("v1", "conversations")
 SERVICE_KINDS = ("edge", "scheduler", "celery", "postgres", "redis")
 CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 # As the Procfile runs it (beat included: its periodic tasks are part of the service's work).
-CELERY_COMMAND = ["-A", "chatsite", "worker", "-B", "--loglevel", "WARNING", "--concurrency", "2"]
+# As the Procfile starts it.
+CELERY_COMMAND = [
+    *("-A", "chatsite", "worker", "-B", "--loglevel", "WARNING", "--concurrency", "2"),
+    *("--without-gossip", "--without-mingle", "--without-heartbeat"),
+]
 CELERY_START_SECONDS = 120
 # The bars (#34): at 1 stream the TTFT p50 ratio to direct at most this ...
 ALONE_TTFT_RATIO = 1.10
@@ -321,7 +325,10 @@ async def measure(
         warm = await one(peer.client, peer.model, prompt("warm", 0), 4)
         if warm.error is not None:
             raise SystemExit(f"{peer.side} does not answer: {warm.error}")
+    profiling = profile("idle")
     idle = await idle_cpu(service, args.idle)
+    if profiling is not None:
+        profiling()
 
     sides = service.sides
     levels: list[dict[str, Result]] = []
@@ -594,6 +601,8 @@ def profiler(directory: Path | None, targets: dict[str, int]) -> Callable[[str],
                 [
                     # --gil: only samples that hold the GIL, i.e. Python using the CPU.
                     *(spy, "record", "--pid", str(pid), "--rate", "100", "--gil"),
+                    # Celery's beat and pool processes are its children.
+                    "--subprocesses",
                     *("--format", "raw"),
                     *("--output", str(directory / f"{name}-{label}.txt")),
                 ],
@@ -759,7 +768,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             model=settings.DEFAULT_MODEL,
             peers=peers,
         )
-        targets = {"edge": roots["edge"][0], "scheduler": started["scheduler"].pid}
+        targets = {
+            "edge": roots["edge"][0],
+            "scheduler": started["scheduler"].pid,
+            "celery": started["celery"].pid,
+        }
         profile = profiler(args.profile, targets)
         levels, idle, facts = asyncio.run(measure(args, service, urls, profile))
     finally:

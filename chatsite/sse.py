@@ -138,7 +138,6 @@ async def read(
                 continue
             entry_id, fields = item
             entry = Entry(entry_id, fields.get("event") or UNNAMED, fields.get("data") or "{}")
-            metrics.EDGE_EVENTS.inc()
             yield entry
             if entry.event in until:
                 return

@@ -45,6 +45,7 @@ from redis.crc import key_slot
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisClusterException, RedisError
 
+from chatsite import metrics
 from chatsite.redis import async_redis, cluster_mode, node_redis, shared_async_redis
 
 logger = logging.getLogger(__name__)
@@ -313,8 +314,12 @@ class StreamHub:
             reply = await connection.read_response()
         finally:
             self._blocked = False
+        delivered = 0
         for stream, entries in _entries(reply):
-            self._deliver(stream, furthest_back[stream].position, entries)
+            delivered += self._deliver(stream, furthest_back[stream].position, entries)
+        if delivered:
+            # Counted once a read: the multiprocess counter locks and writes a file's page.
+            metrics.EDGE_EVENTS.inc(delivered)
         if reply:
             # Busy: let a few milliseconds of entries gather, so that one read of every
             # tailed stream carries many of them rather than one (the scheduler sends a
@@ -341,11 +346,12 @@ class StreamHub:
 
     def _deliver(
         self, stream: str, read_from: tuple[int, int], entries: list[tuple[str, list[str]]]
-    ) -> None:
+    ) -> int:
         """Entries read after `read_from` go to the subscribers at or past that position; one
         that subscribed meanwhile from further back waits for the next read, which starts at
         its position, so that it gets every entry in order and none is skipped."""
         keyed = [(entry_key(entry_id), entry_id, _fields(values)) for entry_id, values in entries]
+        delivered = 0
         for subscription in list(self._subscriptions.get(stream, ())):
             if subscription.position < read_from:
                 continue
@@ -358,6 +364,8 @@ class StreamHub:
                     break
                 subscription.mailbox.put((entry_id, fields))
                 subscription.last_id, subscription.position = entry_id, key
+                delivered += 1
+        return delivered
 
     def _fail_all(self, exc: BaseException) -> None:
         subscriptions = [s for group in self._subscriptions.values() for s in group]

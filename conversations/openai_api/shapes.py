@@ -3,9 +3,10 @@ generation and the events of its Redis Stream."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
+
+from msgspec.json import encode as encode_json
 
 from chatsite.stream_events import StreamEvent
 from inference.models import ModelPool
@@ -126,12 +127,23 @@ def completion(*, generation_id: Any, created: int, model: str, answer: Answer) 
 
 @dataclass(frozen=True)
 class Chunks:
-    """Builds the `chat.completion.chunk` events of one streamed answer."""
+    """Builds the `chat.completion.chunk` events of one streamed answer.
+
+    A text chunk is most of them (one per event of the answer's stream): it is the same bytes
+    around its text, encoded once (`_content_around`), so that each costs the encoding of its
+    text alone."""
 
     generation_id: Any
     created: int
     model: str
     include_usage: bool
+    _content_around: tuple[bytes, bytes] = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        marker = "\x00content\x00"
+        whole = self._chunk([self._choice({"content": marker})])
+        before, _, after = whole.partition(encode_json(marker))
+        object.__setattr__(self, "_content_around", (before, after))
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         body: dict[str, Any] = {
@@ -154,7 +166,8 @@ class Chunks:
         return self._chunk([self._choice({"role": "assistant", "content": ""})])
 
     def content(self, text: str) -> bytes:
-        return self._chunk([self._choice({"content": text})])
+        before, after = self._content_around
+        return before + encode_json(text) + after
 
     def tool_calls(self, calls: list[dict[str, Any]]) -> list[bytes]:
         """The chunks of the answer's calls, as OpenAI streams them: each call's id, type
@@ -181,7 +194,7 @@ class Chunks:
 
 
 def sse(data: dict[str, Any]) -> bytes:
-    return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
+    return b"data: " + encode_json(data) + b"\n\n"
 
 
 DONE = b"data: [DONE]\n\n"
