@@ -125,9 +125,16 @@ def own_catalog_version(monkeypatch: pytest.MonkeyPatch) -> None:
     other processes (a live edge, a Celery worker) share its Redis database and may change
     the shared one at any moment, so that a test counting what a request reads would see the
     catalog reloaded now and then."""
-    version = [uuid.uuid4().hex]
-    monkeypatch.setattr(catalog, "_current_version", lambda: version[0])
-    monkeypatch.setattr(catalog, "_new_version", lambda: version.__setitem__(0, uuid.uuid4().hex))
+    versions: dict[str, str] = {}
+
+    def current(key: str = catalog.VERSION_KEY) -> str:
+        return versions.setdefault(key, uuid.uuid4().hex)
+
+    def new(key: str = catalog.VERSION_KEY) -> None:
+        versions[key] = uuid.uuid4().hex
+
+    monkeypatch.setattr(catalog, "_current_version", current)
+    monkeypatch.setattr(catalog, "_new_version", new)
 
 
 @pytest.fixture(autouse=True)

@@ -14,8 +14,9 @@ The rule of scopes (`ApiKey.Scope`), held in one place, `ApiKeyScopePermission`:
 
 `/v1` and the SSE streams serve chat only, so any active key may call them; a DRF view that
 names no `required_scope` is chat. A revoked key is refused from its next request on, in
-every one of them (`api_key_authenticate` reads the key on each request), and the SSE streams
-it holds open end within a heartbeat period (`stream_credential_check`).
+every one of them and every process (`api_key_authenticate` keeps keys per process, dropped
+everywhere by any change to a key or a user), and the SSE streams it holds open end within a
+heartbeat period (`stream_credential_check`).
 """
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import logging
 import secrets
@@ -16,6 +17,7 @@ from django.db.models import QuerySet
 from django.utils import timezone
 from redis.exceptions import RedisError
 
+from chatsite.catalog import Catalog
 from chatsite.errors import ServiceError
 from chatsite.redis import sync_redis
 
@@ -32,6 +34,9 @@ LAST_USED_RESOLUTION = timedelta(minutes=1)
 # A revoked key's mark, for the streams it opened before (`api_key_revoked`): they look at
 # least once a heartbeat period, so a day outlasts any look by far.
 REVOKED_MARK_SECONDS = 24 * 3600
+# Active API keys with their users, kept per process (`api_key_authenticate`); every save or
+# delete of a key or a user changes its version (`AccountsConfig.ready`).
+CREDENTIALS = Catalog("credentials:version")
 
 
 def hash_key(raw_key: str) -> str:
@@ -107,6 +112,7 @@ def api_keys_revoke(*, keys: QuerySet[ApiKey]) -> int:
         active = keys.filter(revoked_at__isnull=True).select_for_update()
         hashes = list(active.values_list("key_hash", flat=True))
         revoked = active.update(revoked_at=timezone.now())
+        CREDENTIALS.changed()  # an update sends no signal
         _mark_revoked(hashes)
     return revoked
 
@@ -148,18 +154,33 @@ def api_key_revocation_check(redis: Any, raw_key: str) -> Callable[[], Awaitable
 
 
 def api_key_authenticate(*, raw_key: str) -> ApiKey | None:
-    """The active key matching `raw_key`, with last-use recorded; None if there is none."""
+    """The active key matching `raw_key`, with last-use recorded; None if there is none.
+
+    Active keys are kept per process with their users (`CREDENTIALS`): a request's key costs
+    one Redis GET, not a statement. Every change to a key or a user (a revocation, a
+    deactivation, a deletion) replaces the credentials' version, so a revoked key is refused
+    from its next request on in every process, as when each request read the database. Each
+    caller gets its own copies: a request may cache permissions on its user."""
     if not raw_key.startswith(KEY_PREFIX):
         return None
-    key = (
-        ApiKey.objects.select_related("user")
-        .filter(key_hash=hash_key(raw_key), revoked_at__isnull=True)
-        .first()
+    digest = hash_key(raw_key)
+    kept = CREDENTIALS.get(
+        ("api-key", digest), lambda: _active_key(digest), keep=lambda key: key is not None
     )
-    if key is None or not key.user.is_active:
+    if kept is None or not kept.user.is_active:
         return None
     now = timezone.now()
-    if key.last_used_at is None or now - key.last_used_at >= LAST_USED_RESOLUTION:
-        ApiKey.objects.filter(pk=key.pk).update(last_used_at=now)
-        key.last_used_at = now
+    if kept.last_used_at is None or now - kept.last_used_at >= LAST_USED_RESOLUTION:
+        ApiKey.objects.filter(pk=kept.pk).update(last_used_at=now)
+        kept.last_used_at = now  # the kept key too: one write a period, not one a request
+    key = copy.copy(kept)
+    key.user = copy.copy(kept.user)
     return key
+
+
+def _active_key(digest: str) -> ApiKey | None:
+    return (
+        ApiKey.objects.select_related("user")
+        .filter(key_hash=digest, revoked_at__isnull=True)
+        .first()
+    )

@@ -12,11 +12,16 @@ calls `catalog_changed` on their `post_save` and `post_delete` signals (a querys
 sends them too). A queryset's `update()` sends none: code that changes such rows that way
 calls `catalog_changed()` itself.
 
+Another kind of row with the same pattern (read on every request, rarely changed) may keep a
+catalog of its own, with its own version key (`Catalog("...")`, `catalog_rows(..., catalog=)`,
+`changed()`), so that its changes do not drop this one: the accounts' API keys do.
+
 Values are shared by every thread of the process: treat them as read-only.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import uuid
@@ -41,14 +46,20 @@ MAX_ENTRIES = 20_000
 class Catalog:
     """A process's cache of catalog rows, valid while the version it was filled under is."""
 
-    def __init__(self) -> None:
+    def __init__(self, version_key: str = VERSION_KEY) -> None:
+        # The Redis key of this catalog's version: each catalog is dropped on its own rows'
+        # changes alone.
+        self.version_key = version_key
         self._lock = threading.Lock()
         self._version: str | None = None
         self._entries: dict[Hashable, Any] = {}
 
-    def get(self, key: Hashable, load: Callable[[], T]) -> T:
-        """The value kept under `key`, or `load()`'s, kept for later reads."""
-        version = _current_version()
+    def get(
+        self, key: Hashable, load: Callable[[], T], *, keep: Callable[[T], bool] | None = None
+    ) -> T:
+        """The value kept under `key`, or `load()`'s, kept for later reads (unless `keep`
+        says otherwise of it: a lookup that found nothing, say, which anyone can make)."""
+        version = _current_version(self.version_key)
         if version is None:
             return load()  # Redis is unreachable: straight from the database, keep nothing
         with self._lock:
@@ -59,6 +70,8 @@ class Catalog:
                 value: T = self._entries[key]
                 return value
         value = load()
+        if keep is not None and not keep(value):
+            return value
         with self._lock:
             # Kept only if no newer version was seen while it loaded.
             if self._version == version:
@@ -73,42 +86,49 @@ class Catalog:
             self._entries.clear()
             self._version = None
 
+    def changed(self, **_: Any) -> None:
+        """This catalog's rows changed: every process reloads them (also a signal receiver)."""
+        self.forget()
+        _new_version(self.version_key)
+        transaction.on_commit(functools.partial(_new_version, self.version_key), robust=True)
+
 
 CATALOG = Catalog()
 
 
 def catalog_changed(**_: Any) -> None:
     """Catalog rows changed: every process reloads them (also a signal receiver)."""
-    CATALOG.forget()
-    _new_version()
-    transaction.on_commit(_new_version, robust=True)
+    CATALOG.changed()
 
 
-def catalog_rows(*kept: type[models.Model]) -> None:
-    """Every save or delete of a row of these models is a catalog change."""
+def catalog_rows(*kept: type[models.Model], catalog: Catalog = CATALOG) -> None:
+    """Every save or delete of a row of these models is a change of `catalog`."""
     for model in kept:
         for signal in (post_save, post_delete):
             signal.connect(
-                catalog_changed, sender=model, dispatch_uid=f"catalog-{model._meta.label}"
+                catalog.changed,
+                sender=model,
+                weak=False,
+                dispatch_uid=f"{catalog.version_key}-{model._meta.label}",
             )
 
 
-def _new_version() -> None:
+def _new_version(version_key: str = VERSION_KEY) -> None:
     try:
-        sync_redis().set(VERSION_KEY, uuid.uuid4().hex)
+        sync_redis().set(version_key, uuid.uuid4().hex)
     except RedisError:
         # Every process reads Redis before trusting what it keeps: none trusts it now.
         logger.warning("could not publish a catalog change", exc_info=True)
 
 
-def _current_version() -> str | None:
+def _current_version(version_key: str = VERSION_KEY) -> str | None:
     redis = sync_redis()
     try:
-        version = redis.get(VERSION_KEY)
+        version = redis.get(version_key)
         if version is None:
             # First read since Redis was emptied: a new token, whoever sets it first.
-            redis.set(VERSION_KEY, uuid.uuid4().hex, nx=True)
-            version = redis.get(VERSION_KEY)
+            redis.set(version_key, uuid.uuid4().hex, nx=True)
+            version = redis.get(version_key)
     except RedisError:
         logger.warning("could not read the catalog version", exc_info=True)
         return None
