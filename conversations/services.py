@@ -8,12 +8,14 @@ assistant placeholder return it: the caller enqueues its generation after commit
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import itertools
 import json
 import unicodedata
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
@@ -77,6 +79,31 @@ def _check_title(title: str) -> str:
             detail={"max_chars": settings.TITLE_MAX_CHARS},
         )
     return title
+
+
+# Set inside `turn_transaction`: the tree's writes are part of a turn's one transaction.
+_IN_TURN: ContextVar[bool] = ContextVar("conversations_in_turn", default=False)
+
+
+@contextlib.contextmanager
+def turn_transaction() -> Iterator[None]:
+    """One transaction for a turn: its tree change (`message_send`, `message_edit`,
+    `message_regenerate`) and what the caller writes after it (the generation). Inside it
+    the tree functions take no savepoint of their own (two round trips each): a failure
+    anywhere rolls the whole turn back, which is what the turn wants."""
+    token = _IN_TURN.set(True)
+    try:
+        with transaction.atomic():
+            yield
+    finally:
+        _IN_TURN.reset(token)
+
+
+def _tree_change() -> transaction.Atomic:
+    """The transaction of a tree change: its own, or, inside `turn_transaction`, the
+    turn's. Called on its own (by staff's tools, a test), a failure still leaves the
+    caller's transaction usable: it has its savepoint then."""
+    return transaction.atomic(savepoint=not _IN_TURN.get())
 
 
 def _lock(conversation: Conversation) -> None:
@@ -279,7 +306,7 @@ def message_send(
     (`attachments.attachments_claim`).
     """
     _check_content(content)
-    with transaction.atomic():
+    with _tree_change():
         _lock(conversation)
         if parent is None:
             parent_id = conversation.current_leaf_id
@@ -313,7 +340,7 @@ def message_edit(
         raise ServiceError(ErrorCode.NOT_A_USER_MESSAGE, "Only a user message can be edited.")
     _check_content(content)
     conversation = message.conversation
-    with transaction.atomic():
+    with _tree_change():
         _lock(conversation)
         _check_idle(conversation)
         return _add_turn(
@@ -332,7 +359,7 @@ def message_regenerate(*, message: Message) -> Written:
             ErrorCode.NOT_AN_ASSISTANT_MESSAGE, "Only an assistant message can be regenerated."
         )
     conversation = message.conversation
-    with transaction.atomic():
+    with _tree_change():
         _lock(conversation)
         _check_idle(conversation)
         path = _question_path(_path_above(conversation, message))

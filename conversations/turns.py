@@ -26,7 +26,6 @@ from typing import Any, TypeVar
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
 
 from billing.models import Plan
 from billing.quota import Limits
@@ -328,7 +327,7 @@ def _write_and_start(
     verdict = _moderate_input(user=user, conversation=saved, content=content)
     generation: Generation | None = None
     try:
-        with transaction.atomic():
+        with services.turn_transaction():
             with tracing.span("turn.persist"):
                 written = write()
             user_message, placeholder = written.user_message, written.placeholder

@@ -8,8 +8,10 @@ import pytest
 from django.conf import settings
 from rest_framework.test import APIClient
 
+from chatsite.errors import ServiceError
 from chatsite.redis import sync_redis
 from chatsite.testing import assert_error
+from conversations import turns
 from conversations.models import Conversation, Message
 from inference import queue
 from inference.models import Generation
@@ -511,3 +513,25 @@ def test_the_schema_describes_every_conversation_endpoint(api_client: APIClient)
         assert methods <= set(paths[path]), path
     send = paths["/api/v1/conversations/{conversation_id}/messages"]["post"]
     assert {"201", "400", "404", "409", "413"} <= set(send["responses"])
+
+
+def test_a_send_that_fails_after_its_tree_change_writes_nothing(
+    api_client: APIClient, conversation: Conversation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The tree change takes no savepoint inside the turn's transaction: a failure after it
+    # (here, starting the generation) rolls the messages back with the rest.
+    def refuse(**_: Any) -> Generation:
+        raise ServiceError("no_room", "No room for the answer.", status=503)
+
+    real_start = turns.generation_start
+    monkeypatch.setattr(turns, "generation_start", refuse)
+    response = api_client.post(f"{API}/{conversation.pk}/messages", {"content": "one"})
+    assert_error(response, 503, "no_room")
+    assert Message.objects.filter(conversation=conversation).count() == 1  # the root
+    conversation.refresh_from_db()
+    assert conversation.current_leaf_id == Message.objects.get(conversation=conversation).pk
+
+    monkeypatch.setattr(turns, "generation_start", real_start)
+    again = api_client.post(f"{API}/{conversation.pk}/messages", {"content": "one"})
+    assert again.status_code == 201, again.content
+    assert Message.objects.filter(conversation=conversation).count() == 3

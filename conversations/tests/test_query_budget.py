@@ -36,10 +36,11 @@ API = "/api/v1/conversations"
 # user message's with it, an answer's with its final text, where the context counted and
 # updated them one by one on the next turn, 16, 17 and 17 before an account's standing was
 # kept per process with the catalog: a send reads no sanction, 15, 16 and 16 before the API
-# key was kept per process with its user: a request with a key it has seen reads none).
-SEND_BUDGET = 14
-EDIT_BUDGET = 15
-REGENERATE_BUDGET = 15
+# key was kept per process with its user: a request with a key it has seen reads none, 14, 15
+# and 15 before the tree change took no savepoint inside the turn's transaction).
+SEND_BUDGET = 12
+EDIT_BUDGET = 13
+REGENERATE_BUDGET = 13
 # One transaction: the conversation, all its messages in one statement, the conversation's
 # tool switches, the generation (26 when the conversation was created on its own first, and
 # its messages written and read back as a send does; 8 while the sanction check read the
