@@ -477,7 +477,12 @@ SCHEDULER_STALL_SECONDS = env_int("SCHEDULER_STALL_SECONDS", 30)
 # Before its first token an answer may wait in vLLM's own queue behind a full batch (the
 # worker answers its health checks meanwhile); it is given up after this long.
 SCHEDULER_FIRST_TOKEN_SECONDS = env_int("SCHEDULER_FIRST_TOKEN_SECONDS", 300)
-SCHEDULER_COALESCE_MS = env_int("SCHEDULER_COALESCE_MS", 50)
+# Tokens that arrive within this long of the stream's last event go out together (the first
+# of a quiet stream at once): each event costs the scheduler, Redis and the edge about as much
+# as a token did. At 100 ms rather than 50, a /v1 answer cost 23-24% less CPU at 1 and 8
+# streams (the mean of two paired overhead runs; in those and a third at 120 ms, each of the
+# six comparisons was lower), first tokens unchanged.
+SCHEDULER_COALESCE_MS = env_int("SCHEDULER_COALESCE_MS", 100)
 # Each replica reads every worker's /health and /metrics this often while it has work (an
 # answer running here, new work announced in the last idle interval, a worker down), and every
 # SCHEDULER_IDLE_HEALTH_INTERVAL_MS while it has none; new work brings the next reading forward.
