@@ -203,15 +203,19 @@ class Scheduler:
 
     async def _loop(self, step: Callable[[], Awaitable[None]], interval: float) -> None:
         while not self._stopping.is_set():
-            try:
-                await step()
-            except asyncio.CancelledError:
-                raise
-            except REDIS_FAULTS as exc:
-                logger.warning("scheduler loop %s: Redis does not answer (%r)", step.__name__, exc)
-            except Exception:
-                logger.exception("scheduler loop %s failed; retrying", step.__name__)
+            await self._step(step)
             await asyncio.sleep(interval)
+
+    async def _step(self, step: Callable[[], Awaitable[None]]) -> None:
+        """One pass of a loop's `step`; a failure is logged, and the loop goes on."""
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except REDIS_FAULTS as exc:
+            logger.warning("scheduler loop %s: Redis does not answer (%r)", step.__name__, exc)
+        except Exception:
+            logger.exception("scheduler loop %s failed; retrying", step.__name__)
 
     # Other replicas
 
@@ -242,14 +246,7 @@ class Scheduler:
         loop = asyncio.get_running_loop()
         while not self._stopping.is_set():
             checked = loop.time()
-            try:
-                await self.check_workers()
-            except asyncio.CancelledError:
-                raise
-            except REDIS_FAULTS as exc:
-                logger.warning("health: Redis does not answer (%r)", exc)
-            except Exception:
-                logger.exception("checking the workers failed; retrying")
+            await self._step(self.check_workers)
             self._announced.clear()
             if not self._idle():
                 await asyncio.sleep(self.health_interval)
