@@ -50,10 +50,10 @@ def test_the_overhead_benchmark_measures_every_side(
     assert re.search(
         r"^x1 v1 TTFT p50 / direct\s+\d+\.\d\d\s+<= 1.10\s+(met|NOT met)$", report, re.M
     )
-    # py-spy recorded the edge and the scheduler while each service side ran.
-    assert {p.name for p in tmp_path.glob("*-x1.txt")} == {
-        "edge-v1-x1.txt",
-        "edge-conversations-x1.txt",
-        "scheduler-v1-x1.txt",
-        "scheduler-conversations-x1.txt",
+    # py-spy recorded the edge, the scheduler and Celery while they idled and while each
+    # service side ran.
+    assert {p.name for p in tmp_path.glob("*-*.txt") if not p.name.startswith("overhead-")} == {
+        f"{process}-{label}.txt"
+        for process in ("edge", "scheduler", "celery")
+        for label in ("idle", "v1-x1", "conversations-x1")
     }
