@@ -685,8 +685,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--rounds", type=int, default=2, help="requests per stream slot")
-    # A level of one stream at 6 requests moved its TTFT ratio by 0.4 between two runs of the
-    # same code (0.82, 1.29): 16 at least.
+    # At 6 requests, a level of one stream gave TTFT ratios of 0.82 and 1.29 in two runs two
+    # hours apart: 16 at least.
     parser.add_argument("--min-requests", type=int, default=16)
     parser.add_argument("--edges", type=int, default=1, help="edge processes to start")
     parser.add_argument("--profile", type=Path, default=None, help="py-spy output directory")
