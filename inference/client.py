@@ -181,8 +181,9 @@ def _samples(text: str, family: str) -> Iterator[tuple[str, str]]:
             labels, rest = "", line
             if line[:1] == "{":
                 labels, _, rest = line[1:].rpartition("}")
-            if rest[:1] == " " and rest.split():
-                yield labels, rest.split()[0]
+            value = rest.split(maxsplit=1)[:1]  # a timestamp may follow it
+            if rest[:1] == " " and value:
+                yield labels, value[0]
             at = -1 if end < 0 else text.find(needle, end)
 
 

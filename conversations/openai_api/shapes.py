@@ -4,6 +4,7 @@ generation and the events of its Redis Stream."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 from msgspec.json import encode as encode_json
@@ -137,13 +138,13 @@ class Chunks:
     created: int
     model: str
     include_usage: bool
-    _content_around: tuple[bytes, bytes] = field(init=False, repr=False, compare=False)
 
-    def __post_init__(self) -> None:
+    @cached_property
+    def _content_around(self) -> tuple[bytes, bytes]:
         marker = "\x00content\x00"
         whole = self._chunk([self._choice({"content": marker})])
         before, _, after = whole.partition(encode_json(marker))
-        object.__setattr__(self, "_content_around", (before, after))
+        return before, after
 
     def _chunk(self, choices: list[dict[str, Any]], **extra: Any) -> bytes:
         body: dict[str, Any] = {
