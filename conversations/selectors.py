@@ -227,7 +227,34 @@ def folders_of(*, user: Any) -> list[Folder]:
 
 def message_ancestry(*, message_id: uuid.UUID) -> list[Message]:
     """The message and all its ancestors, root first, in one recursive query."""
-    table = connection.ops.quote_name(Message._meta.db_table)
+    return list(Message.objects.raw(*_ancestry_sql(message_id)))
+
+
+def message_ancestry_busy(
+    *, message_id: uuid.UUID, conversation_id: uuid.UUID
+) -> tuple[list[Message], bool]:
+    """`message_ancestry`, and whether an answer in the conversation `conversation_id` is
+    still queued or being written, in the same statement (a turn asks both once it holds the
+    conversation's lock)."""
+    busy = f"""EXISTS (
+        SELECT 1 FROM {_messages_table()} b
+        WHERE b.conversation_id = %s AND b.role = %s AND b.status IN (%s, %s)
+    )"""  # noqa: S608
+    sql, params = _ancestry_sql(message_id, extra=f", {busy} AS conversation_busy")
+    busy_params = [
+        Message._meta.pk.get_db_prep_value(conversation_id, connection),
+        Message.Role.ASSISTANT.value,
+        Message.Status.QUEUED.value,
+        Message.Status.STREAMING.value,
+    ]
+    path = list(Message.objects.raw(sql, [*params, *busy_params]))
+    return path, bool(path and path[0].conversation_busy)  # type: ignore[attr-defined]
+
+
+def _ancestry_sql(message_id: uuid.UUID, *, extra: str = "") -> tuple[str, list[Any]]:
+    """The recursive query of a message's ancestry (root first) and its parameters; `extra`
+    adds columns (their parameters go after these)."""
+    table = _messages_table()
     # The table name comes from the model, never from input; the id is a bound parameter.
     sql = f"""
         WITH RECURSIVE ancestry (id, parent_id, depth) AS (
@@ -236,11 +263,14 @@ def message_ancestry(*, message_id: uuid.UUID) -> list[Message]:
             SELECT m.id, m.parent_id, ancestry.depth + 1
             FROM {table} m JOIN ancestry ON m.id = ancestry.parent_id
         )
-        SELECT m.* FROM {table} m JOIN ancestry ON m.id = ancestry.id
+        SELECT m.*{extra} FROM {table} m JOIN ancestry ON m.id = ancestry.id
         ORDER BY ancestry.depth DESC
     """  # noqa: S608
-    param = Message._meta.pk.get_db_prep_value(message_id, connection)
-    return list(Message.objects.raw(sql, [param]))
+    return sql, [Message._meta.pk.get_db_prep_value(message_id, connection)]
+
+
+def _messages_table() -> str:
+    return connection.ops.quote_name(Message._meta.db_table)
 
 
 def active_branch(*, conversation: Conversation) -> list[Message]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import itertools
 import json
 import unicodedata
@@ -22,8 +23,9 @@ from typing import Any
 from django.conf import settings
 from django.contrib.auth import get_user_model
 from django.db import IntegrityError, connection, transaction
-from django.db.models import JSONField, QuerySet
+from django.db.models import JSONField, Model, QuerySet
 from django.db.models.expressions import RawSQL
+from django.db.models.sql import InsertQuery
 from django.utils import timezone
 
 from chatsite.errors import ServiceError
@@ -40,7 +42,7 @@ from .models import (
     Personalization,
     Share,
 )
-from .selectors import active_branch, message_ancestry
+from .selectors import active_branch, message_ancestry, message_ancestry_busy
 
 IN_PROGRESS_STATUSES = (Message.Status.QUEUED, Message.Status.STREAMING)
 # A user message answers the system prompt or an assistant turn, never another user turn.
@@ -113,13 +115,9 @@ def _lock(conversation: Conversation) -> None:
         raise ServiceError(ErrorCode.CONVERSATION_DELETED, "This conversation was deleted.")
 
 
-def _check_idle(conversation: Conversation) -> None:
-    """Refuse a new turn while an answer in this conversation is still being generated."""
-    busy = Message.objects.filter(
-        conversation=conversation,
-        role=Message.Role.ASSISTANT,
-        status__in=IN_PROGRESS_STATUSES,
-    ).exists()
+def _refuse_if_busy(busy: bool) -> None:
+    """Refuse a new turn while an answer in its conversation is still being generated
+    (`busy`, read with the turn's path once the conversation is locked)."""
     if busy:
         raise ServiceError(
             ErrorCode.GENERATION_IN_PROGRESS,
@@ -128,43 +126,81 @@ def _check_idle(conversation: Conversation) -> None:
         )
 
 
-def _show_leaf(
-    conversation: Conversation,
-    leaf: Message,
-    *,
-    new_activity: bool,
-    path: list[Message] | None = None,
-) -> list[Message]:
-    """Put `leaf` on screen: every ancestor's `current_child` points along the path to it.
-    `path` is the branch from the root to `leaf` where the caller has it (else it is read);
-    returns it, pointers updated."""
-    if path is None:
-        path = message_ancestry(message_id=leaf.pk)
+def _show_leaf(conversation: Conversation, leaf: Message) -> None:
+    """Put `leaf` on screen: every ancestor's `current_child` points along the path to it."""
     moved = []
-    for node, child in itertools.pairwise(path):
+    for node, child in itertools.pairwise(message_ancestry(message_id=leaf.pk)):
         if node.current_child_id != child.pk:
             node.current_child_id = child.pk
             moved.append(node)
     if moved:
         Message.objects.bulk_update(moved, ["current_child"])
     conversation.current_leaf = leaf
-    update_fields = ["current_leaf", "updated_at"]
-    if new_activity:
-        conversation.last_activity_at = timezone.now()
-        update_fields.append("last_activity_at")
-    conversation.save(update_fields=update_fields)
-    return path
+    conversation.save(update_fields=["current_leaf", "updated_at"])
 
 
 def _path_to(
     conversation: Conversation, message_id: Any, *, missing: ServiceError
-) -> list[Message]:
+) -> tuple[list[Message], bool]:
     """The branch from the root to the message `message_id` of `conversation` (root first),
-    read in one query; `missing` is raised if it is not a message of this conversation."""
-    path = message_ancestry(message_id=message_id) if message_id is not None else []
+    and whether an answer in the conversation is in progress, read in one query once the
+    conversation is locked; `missing` is raised if it is not a message of this conversation."""
+    if message_id is None:
+        raise missing
+    path, busy = message_ancestry_busy(message_id=message_id, conversation_id=conversation.pk)
     if not path or path[-1].conversation_id != conversation.pk:
         raise missing
-    return path
+    return path, busy
+
+
+def _write_leaf(
+    conversation: Conversation, path: list[Message], new: list[Message]
+) -> list[Message]:
+    """Write the messages `new` under `path` (the branch above them, root first) and show the
+    last as the conversation's leaf, as new activity: every ancestor's `current_child` points
+    along the branch. One statement for the insert, the pointers and the conversation
+    (Postgres checks their references to each other at commit), where the ORM took three.
+    Returns the branch, pointers updated."""
+    branch = [*path, *new]
+    moved: list[Message] = []
+    for node, child in itertools.pairwise(branch):
+        if node.current_child_id != child.pk:
+            node.current_child = child
+            if not node._state.adding:
+                moved.append(node)
+    insert = InsertQuery(Message)
+    insert.insert_values(
+        [f for f in Message._meta.concrete_fields if not f.generated], list[Model](new)
+    )
+    [(insert_sql, insert_params)] = insert.get_compiler(connection=connection).as_sql()
+    ctes, params = [f"inserted AS ({insert_sql})"], [*insert_params]
+    uuid_of = functools.partial(Message._meta.pk.get_db_prep_value, connection=connection)
+    messages = connection.ops.quote_name(Message._meta.db_table)
+    if moved:
+        pairs = ", ".join(["(%s::uuid, %s::uuid)"] * len(moved))
+        ctes.append(
+            f"moved AS (UPDATE {messages} AS m SET current_child_id = v.child"  # noqa: S608
+            f" FROM (VALUES {pairs}) AS v (id, child) WHERE m.id = v.id)"
+        )
+        for node in moved:
+            params += [uuid_of(node.pk), uuid_of(node.current_child_id)]
+    now = timezone.now()
+    conversation.current_leaf = branch[-1]
+    conversation.updated_at = conversation.last_activity_at = now
+    when = Conversation._meta.get_field("updated_at").get_db_prep_value(now, connection)
+    conversations = connection.ops.quote_name(Conversation._meta.db_table)
+    # Names from the models, never from input; every value a bound parameter.
+    sql = (
+        f"WITH {', '.join(ctes)} UPDATE {conversations}"  # noqa: S608
+        " SET current_leaf_id = %s, updated_at = %s, last_activity_at = %s WHERE id = %s"
+    )
+    params += [uuid_of(branch[-1].pk), when, when, uuid_of(conversation.pk)]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    for message in new:
+        message._state.adding = False
+        message._state.db = connection.alias
+    return branch
 
 
 def _placeholder(conversation: Conversation, parent: Message) -> Message:
@@ -187,13 +223,12 @@ def _add_turn(
     attachment_ids: Sequence[Any] = (),
     carried_from: Message | None = None,
 ) -> Written:
-    """A user message under the last of `path` and its answer's placeholder, written in one
-    statement (Postgres checks their references to each other at commit) and shown as the
-    new leaf. With `count_tokens` the message's token count is written with it, saving the
-    update the context's count would cost. The files `attachment_ids` go on the message, and
-    copies of those `carried_from` carries (the message an edit replaces); the message counts
-    them in its metadata (`attachments`), so that a branch without files is known as such
-    without a query."""
+    """A user message under the last of `path` and its answer's placeholder, written and
+    shown as the new leaf in one statement (`_write_leaf`). With `count_tokens` the message's
+    token count is written with it, saving the update the context's count would cost. The
+    files `attachment_ids` go on the message, and copies of those `carried_from` carries (the
+    message an edit replaces); the message counts them in its metadata (`attachments`), so
+    that a branch without files is known as such without a query."""
     carried = carried_from.metadata.get(Attachment.METADATA_KEY, 0) if carried_from else 0
     files = len(set(attachment_ids)) + carried
     user_message = Message(
@@ -206,16 +241,12 @@ def _add_turn(
         metadata={Attachment.METADATA_KEY: files} if files else {},
     )
     placeholder = _placeholder(conversation, user_message)
-    user_message.current_child = placeholder
-    Message.objects.bulk_create([user_message, placeholder])
+    branch = _write_leaf(conversation, path, [user_message, placeholder])
     attachments_claim(
         conversation=conversation, message=user_message, attachment_ids=attachment_ids
     )
     if carried_from is not None and carried:
         attachments_copy(source=carried_from, target=user_message)
-    branch = _show_leaf(
-        conversation, placeholder, new_activity=True, path=[*path, user_message, placeholder]
-    )
     return Written(user_message, placeholder, branch)
 
 
@@ -312,7 +343,7 @@ def message_send(
             parent_id = conversation.current_leaf_id
         else:
             parent_id = parent.pk if isinstance(parent, Message) else parent
-        path = _path_to(
+        path, busy = _path_to(
             conversation,
             parent_id,
             missing=ServiceError(
@@ -324,7 +355,7 @@ def message_send(
                 ErrorCode.INVALID_PARENT,
                 f"A user message cannot follow a {path[-1].role} message.",
             )
-        _check_idle(conversation)
+        _refuse_if_busy(busy)
         return _add_turn(conversation, path, content, count_tokens, attachment_ids)
 
 
@@ -342,10 +373,11 @@ def message_edit(
     conversation = message.conversation
     with _tree_change():
         _lock(conversation)
-        _check_idle(conversation)
+        path, busy = _path_above(conversation, message)
+        _refuse_if_busy(busy)
         return _add_turn(
             conversation,
-            _path_above(conversation, message),
+            path,
             content,
             count_tokens,
             carried_from=message,
@@ -361,16 +393,17 @@ def message_regenerate(*, message: Message) -> Written:
     conversation = message.conversation
     with _tree_change():
         _lock(conversation)
-        _check_idle(conversation)
-        path = _question_path(_path_above(conversation, message))
+        path, busy = _path_above(conversation, message)
+        _refuse_if_busy(busy)
+        path = _question_path(path)
         placeholder = _placeholder(conversation, path[-1])
-        placeholder.save(force_insert=True)
-        branch = _show_leaf(conversation, placeholder, new_activity=True, path=[*path, placeholder])
+        branch = _write_leaf(conversation, path, [placeholder])
     return Written(None, placeholder, branch)
 
 
-def _path_above(conversation: Conversation, message: Message) -> list[Message]:
-    """The branch from the root to `message`'s parent."""
+def _path_above(conversation: Conversation, message: Message) -> tuple[list[Message], bool]:
+    """The branch from the root to `message`'s parent, and whether an answer in the
+    conversation is in progress (`_path_to`)."""
     if message.parent_id is None:
         # Only the root lacks a parent, and callers already refused it by its role.
         raise ServiceError(ErrorCode.INVALID_PARENT, "The root message has no siblings.")
@@ -420,7 +453,7 @@ def branch_switch(*, message: Message) -> Conversation:
     conversation = message.conversation
     with transaction.atomic():
         _lock(conversation)
-        _show_leaf(conversation, _last_viewed_leaf(message), new_activity=False)
+        _show_leaf(conversation, _last_viewed_leaf(message))
     return conversation
 
 

@@ -18,12 +18,12 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, cast
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.db import transaction
-from django.db.models import DateTimeField, F, QuerySet, Value
+from django.db import connection, transaction
+from django.db.models import DateTimeField, F, Model, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
@@ -390,6 +390,7 @@ def generation_finish(
             error_code=error_code,
             error_message=error_message,
             admission=admission,
+            job=job,
         )
         if finished is not None:
             return finished
@@ -409,46 +410,123 @@ def _finish_row(
     error_code: str,
     error_message: str,
     admission: Admission | None,
+    job: queue.Job | None,
 ) -> bool | None:
     """`generation_finish` of a generation with a row; None if it has none."""
-    now = timezone.now()
     hooks = get_hooks()
+    if outcome.output_tokens is None and outcome.text:
+        # Counted with the answering pool's tokenizer: the job names it, else the row does.
+        pool = _pool_of_job(job.pool) if job is not None else _pool_of_row(generation_id)
+        if pool is None:
+            return None
+        outcome = _counted(outcome, pool)
     with transaction.atomic():
-        generation = generation_lock_unfinished(generation_id)
+        generation = _write_final(
+            generation_id,
+            outcome,
+            error_code=error_code,
+            error_message=error_message,
+            admission=admission,
+        )
         if generation is None:
             return False if Generation.objects.filter(pk=generation_id).exists() else None
-        outcome = _counted(outcome, generation.pool)
-        generation.status = outcome.status
-        generation.finished_at = now
-        generation.finish_reason = outcome.finish_reason
-        generation.prompt_tokens = outcome.prompt_tokens
-        generation.output_tokens = outcome.output_tokens
-        generation.cached_tokens = outcome.cached_tokens
-        generation.error_code = error_code
-        generation.error_message = error_message[:2000]
-        written = [
-            "status",
-            "finished_at",
-            "finish_reason",
-            "prompt_tokens",
-            "output_tokens",
-            "cached_tokens",
-            "error_code",
-            "error_message",
-        ]
-        if admission is not None:
-            generation.worker_id = admission.worker_id
-            generation.attempts = admission.attempt
-            generation.admitted_at = admission.admitted_at
-            generation.first_token_at = generation.first_token_at or admission.first_token_at
-            written += ["worker", "attempts", "admitted_at", "first_token_at"]
-        generation.save(update_fields=written)
         hooks.generation_finishing(generation=generation, outcome=outcome)
 
     hooks.generation_finished(generation=generation, outcome=outcome)
     metrics.finished(generation=generation, error_code=error_code)
     _close_stream(str(generation_id), outcome, error_code=error_code, error_message=error_message)
     return True
+
+
+def _write_final(
+    generation_id: Any,
+    outcome: Outcome,
+    *,
+    error_code: str,
+    error_message: str,
+    admission: Admission | None,
+) -> Generation | None:
+    """Write the final state of a generation that is not final yet, and return it with its
+    conversation and pools (these from the catalog), locked until the transaction ends;
+    None, writing nothing, if it is final already or has no row.
+
+    One `UPDATE ... RETURNING` joined to the conversation, where a locking read and then
+    an update took two statements.
+    """
+    now = timezone.now()
+    written: dict[str, Any] = {
+        "status": outcome.status,
+        "finished_at": now,
+        "finish_reason": outcome.finish_reason,
+        "prompt_tokens": outcome.prompt_tokens,
+        "output_tokens": outcome.output_tokens,
+        "cached_tokens": outcome.cached_tokens,
+        "error_code": error_code,
+        "error_message": error_message[:2000],
+    }
+    if admission is not None:
+        written |= {
+            "worker": admission.worker_id,
+            "attempts": admission.attempt,
+            "admitted_at": admission.admitted_at,
+        }
+    meta = Generation._meta
+    fields = {field.name: field for field in meta.concrete_fields}
+    conversation_model = cast("type[Model]", fields["conversation"].related_model)
+    quote = connection.ops.quote_name
+    sets, params = [], []
+    for name, value in written.items():
+        sets.append(f"{quote(str(fields[name].column))} = %s")
+        params.append(fields[name].get_db_prep_save(value, connection))
+    if admission is not None:
+        sets.append("first_token_at = COALESCE(first_token_at, %s)")
+        params.append(
+            fields["first_token_at"].get_db_prep_save(admission.first_token_at, connection)
+        )
+    final = sorted(Generation.FINAL_STATUSES)
+    conversation_fields = conversation_model._meta.concrete_fields
+    selected = [f"g.{quote(str(field.column))}" for field in meta.concrete_fields] + [
+        f"c.{quote(str(field.column))}" for field in conversation_fields
+    ]
+    # Names from the models, never from input; every value a bound parameter.
+    sql = (
+        f"WITH g AS (UPDATE {quote(meta.db_table)}"  # noqa: S608
+        f" SET {', '.join(sets)} WHERE id = %s"
+        f" AND status NOT IN ({', '.join(['%s'] * len(final))}) RETURNING *)"
+        f" SELECT {', '.join(selected)} FROM g"
+        f" JOIN {quote(conversation_model._meta.db_table)} c"
+        " ON c.id = g.conversation_id"
+    )
+    params += [meta.pk.get_db_prep_value(generation_id, connection), *final]
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        row = cursor.fetchone()
+    if row is None:
+        return None
+    count = len(meta.concrete_fields)
+    generation = Generation.from_db(
+        connection.alias, [field.attname for field in meta.concrete_fields], row[:count]
+    )
+    conversation = conversation_model.from_db(
+        connection.alias, [field.attname for field in conversation_fields], row[count:]
+    )
+    cache = generation._state.fields_cache
+    cache["conversation"] = conversation
+    cache["pool"] = _pool_of_id(generation.pool_id)
+    if generation.served_pool_id is not None:
+        cache["served_pool"] = _pool_of_id(generation.served_pool_id)
+    return generation
+
+
+def _pool_of_row(generation_id: Any) -> ModelPool | None:
+    """The pool a generation's row names (None: it has no row)."""
+    pool_id = Generation.objects.filter(pk=generation_id).values_list("pool_id", flat=True)
+    return _pool_of_id(found) if (found := pool_id.first()) is not None else None
+
+
+def _pool_of_id(pool_id: int) -> ModelPool:
+    """A pool by its id, from the catalog, active or not."""
+    return CATALOG.get(("pool-of-id", pool_id), lambda: ModelPool.objects.get(pk=pool_id))
 
 
 def _finish_unkept(

@@ -15,9 +15,11 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from accounts.services import api_key_create
+from billing.models import UsageEvent
 from billing.selectors import default_plan
 from conversations.models import Conversation
 from conversations.services import conversation_organize, folder_create
+from inference.models import Generation
 from inference.services import generation_finish, pool_named
 from inference.tokens import count_tokens, pool_tokenizer
 from moderation.classifiers import local
@@ -37,10 +39,17 @@ API = "/api/v1/conversations"
 # updated them one by one on the next turn, 16, 17 and 17 before an account's standing was
 # kept per process with the catalog: a send reads no sanction, 15, 16 and 16 before the API
 # key was kept per process with its user: a request with a key it has seen reads none, 14, 15
-# and 15 before the tree change took no savepoint inside the turn's transaction).
-SEND_BUDGET = 12
-EDIT_BUDGET = 13
-REGENERATE_BUDGET = 13
+# and 15 before the tree change took no savepoint inside the turn's transaction, 12, 13 and
+# 13 before the tree change wrote its messages, the pointers along the branch and the
+# conversation in one statement, and read whether an answer is in progress with the path).
+SEND_BUDGET = 9
+EDIT_BUDGET = 10
+REGENERATE_BUDGET = 10
+# The end of a kept answer whose worker reported its usage, as the scheduler writes it,
+# BEGIN and COMMIT counted: its final state with its conversation (one UPDATE ...
+# RETURNING) and the answer's text in one transaction, then its usage event in its own (8
+# while the generation was read with a lock first, then updated).
+FINISH_BUDGET = 7
 # One transaction: the conversation, all its messages in one statement, the conversation's
 # tool switches, the generation (26 when the conversation was created on its own first, and
 # its messages written and read back as a send does; 8 while the sanction check read the
@@ -123,6 +132,43 @@ def test_a_regeneration_stays_within_its_budget(
         lambda: api_client.post(f"{API}/{conversation.pk}/messages/{answer.pk}/regenerate")
     )
     assert count <= REGENERATE_BUDGET, "\n".join(sql)
+
+
+# Committed for real, as the scheduler's finish is (no test transaction's savepoints).
+@pytest.mark.django_db(transaction=True)
+def test_a_finish_stays_within_its_budget(
+    api_client: APIClient, conversation: Conversation
+) -> None:
+    sent = api_client.post(f"{API}/{conversation.pk}/messages", {"content": "Name a bread."})
+    assert sent.status_code == 201, sent.content
+    generation_id = sent.json()["generation"]["id"]
+    # The warm-up turn's answer ends first: what the process keeps (the pool, its price) is
+    # read then, as it is for any finish but a process's first.
+    warm = Generation.objects.exclude(pk=generation_id).get()
+    generation_finish(generation_id=warm.pk, status="complete", text="Hi.", output_tokens=2)
+
+    with CaptureQueriesContext(connection) as captured:
+        finished = generation_finish(
+            generation_id=generation_id,
+            status="complete",
+            text="Sourdough.",
+            finish_reason="stop",
+            prompt_tokens=30,
+            output_tokens=4,
+        )
+
+    assert finished
+    sql = [q["sql"][:160] for q in captured.captured_queries]
+    assert len(sql) <= FINISH_BUDGET, "\n".join(sql)
+    answer = conversation.messages.get(generation__pk=generation_id)
+    assert (answer.content, answer.status) == ("Sourdough.", "complete")
+    assert UsageEvent.objects.filter(generation_id=generation_id).exists()
+    generation = Generation.objects.get(pk=generation_id)
+    assert (generation.status, generation.finish_reason) == ("complete", "stop")
+    assert generation.output_tokens == answer.output_tokens == 4
+    # Final once: a second finish writes nothing.
+    assert not generation_finish(generation_id=generation_id, status="failed", text="")
+    assert Generation.objects.get(pk=generation_id).status == "complete"
 
 
 HISTORY = [
