@@ -29,6 +29,7 @@ from chatsite.errors import NotFound, ServiceError
 from .errors import ErrorCode
 from .models import (
     Attachment,
+    BranchSummary,
     Conversation,
     Feedback,
     Folder,
@@ -230,30 +231,73 @@ def message_ancestry(*, message_id: uuid.UUID) -> list[Message]:
     return list(Message.objects.raw(*_ancestry_sql(message_id)))
 
 
-def message_ancestry_busy(
+@dataclass(frozen=True)
+class LockedPath:
+    """What a turn reads as it takes its conversation's lock: the branch from the root to a
+    message (root first), the summaries that run through its messages (by message id), and
+    the conversation's row as the lock found it (its leaf, whether it was deleted)."""
+
+    path: list[Message]
+    summaries: dict[uuid.UUID, BranchSummary]
+    current_leaf_id: uuid.UUID | None
+    deleted_at: datetime | None
+
+
+def message_ancestry_locked(
     *, message_id: uuid.UUID, conversation_id: uuid.UUID
-) -> tuple[list[Message], bool]:
-    """`message_ancestry`, and whether an answer in the conversation `conversation_id` is
-    still queued or being written, in the same statement (a turn asks both once it holds the
-    conversation's lock)."""
-    busy = f"""EXISTS (
-        SELECT 1 FROM {_messages_table()} b
-        WHERE b.conversation_id = %s AND b.role = %s AND b.status IN (%s, %s)
-    )"""  # noqa: S608
-    sql, params = _ancestry_sql(message_id, extra=f", {busy} AS conversation_busy")
-    busy_params = [
-        Message._meta.pk.get_db_prep_value(conversation_id, connection),
-        Message.Role.ASSISTANT.value,
-        Message.Status.QUEUED.value,
-        Message.Status.STREAMING.value,
-    ]
-    path = list(Message.objects.raw(sql, [*params, *busy_params]))
-    return path, bool(path and path[0].conversation_busy)  # type: ignore[attr-defined]
+) -> LockedPath | None:
+    """Lock the conversation `conversation_id`'s row (`FOR UPDATE`, until the transaction
+    ends) and read `message_ancestry` of `message_id` with the summaries through it, in one
+    statement; None if there is no such message (the lock is then not promised).
+
+    The row comes back as it is once locked; the messages as the statement began, which is
+    before the lock if it had to wait: messages are never changed but for their pointers, and
+    what a turn must judge on fresh data (an answer in progress) it judges in its write."""
+    summary_fields = BranchSummary._meta.concrete_fields
+    quote = connection.ops.quote_name
+    summary_columns = "".join(
+        f", s.{quote(str(field.column))} AS summary__{field.attname}" for field in summary_fields
+    )
+    sql, params = _ancestry_sql(
+        message_id,
+        extra=(
+            ", locked.current_leaf_id AS locked_leaf_id,"
+            f" locked.deleted_at AS locked_deleted_at{summary_columns}"
+        ),
+        joins=(
+            f" CROSS JOIN locked LEFT JOIN {quote(BranchSummary._meta.db_table)} s"
+            " ON s.through_message_id = m.id"
+        ),
+        ctes=(
+            f", locked AS (SELECT current_leaf_id, deleted_at FROM"  # noqa: S608
+            f" {quote(Conversation._meta.db_table)} WHERE id = %s FOR UPDATE)"
+        ),
+    )
+    conversation_param = Conversation._meta.pk.get_db_prep_value(conversation_id, connection)
+    path = list(Message.objects.raw(sql, [params[0], conversation_param]))
+    if not path:
+        return None
+    summaries = {}
+    for message in path:
+        values = [getattr(message, f"summary__{field.attname}") for field in summary_fields]
+        if values[0] is not None:
+            summaries[message.pk] = BranchSummary.from_db(
+                connection.alias, [field.attname for field in summary_fields], values
+            )
+    return LockedPath(
+        path=path,
+        summaries=summaries,
+        current_leaf_id=path[0].locked_leaf_id,  # type: ignore[attr-defined]
+        deleted_at=path[0].locked_deleted_at,  # type: ignore[attr-defined]
+    )
 
 
-def _ancestry_sql(message_id: uuid.UUID, *, extra: str = "") -> tuple[str, list[Any]]:
-    """The recursive query of a message's ancestry (root first) and its parameters; `extra`
-    adds columns (their parameters go after these)."""
+def _ancestry_sql(
+    message_id: uuid.UUID, *, extra: str = "", joins: str = "", ctes: str = ""
+) -> tuple[str, list[Any]]:
+    """The recursive query of a message's ancestry (root first) and its parameter; `ctes`
+    adds queries after the recursive one (their parameters go after it), `extra` columns
+    and `joins` tables to the result."""
     table = _messages_table()
     # The table name comes from the model, never from input; the id is a bound parameter.
     sql = f"""
@@ -262,8 +306,8 @@ def _ancestry_sql(message_id: uuid.UUID, *, extra: str = "") -> tuple[str, list[
             UNION ALL
             SELECT m.id, m.parent_id, ancestry.depth + 1
             FROM {table} m JOIN ancestry ON m.id = ancestry.parent_id
-        )
-        SELECT m.*{extra} FROM {table} m JOIN ancestry ON m.id = ancestry.id
+        ){ctes}
+        SELECT m.*{extra} FROM {table} m JOIN ancestry ON m.id = ancestry.id{joins}
         ORDER BY ancestry.depth DESC
     """  # noqa: S608
     return sql, [Message._meta.pk.get_db_prep_value(message_id, connection)]

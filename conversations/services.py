@@ -34,6 +34,7 @@ from .attachments import attachments_claim, attachments_copy
 from .errors import ErrorCode
 from .models import (
     Attachment,
+    BranchSummary,
     Conversation,
     Feedback,
     Folder,
@@ -42,7 +43,7 @@ from .models import (
     Personalization,
     Share,
 )
-from .selectors import active_branch, message_ancestry, message_ancestry_busy
+from .selectors import LockedPath, active_branch, message_ancestry, message_ancestry_locked
 
 IN_PROGRESS_STATUSES = (Message.Status.QUEUED, Message.Status.STREAMING)
 # A user message answers the system prompt or an assistant turn, never another user turn.
@@ -58,6 +59,9 @@ class Written:
     user_message: Message | None
     placeholder: Message
     branch: list[Message]
+    # The summaries through the branch's messages, by message id, where the change read them
+    # with the branch (None: not read; `summaries.summary_for_branch` reads them).
+    summaries: dict[uuid.UUID, BranchSummary] | None = None
 
 
 def _check_content(content: str) -> None:
@@ -115,17 +119,6 @@ def _lock(conversation: Conversation) -> None:
         raise ServiceError(ErrorCode.CONVERSATION_DELETED, "This conversation was deleted.")
 
 
-def _refuse_if_busy(busy: bool) -> None:
-    """Refuse a new turn while an answer in its conversation is still being generated
-    (`busy`, read with the turn's path once the conversation is locked)."""
-    if busy:
-        raise ServiceError(
-            ErrorCode.GENERATION_IN_PROGRESS,
-            "An answer is still being generated in this conversation.",
-            status=409,
-        )
-
-
 def _show_leaf(conversation: Conversation, leaf: Message) -> None:
     """Put `leaf` on screen: every ancestor's `current_child` points along the path to it."""
     moved = []
@@ -139,18 +132,44 @@ def _show_leaf(conversation: Conversation, leaf: Message) -> None:
     conversation.save(update_fields=["current_leaf", "updated_at"])
 
 
-def _path_to(
+def _locked_path(
     conversation: Conversation, message_id: Any, *, missing: ServiceError
-) -> tuple[list[Message], bool]:
-    """The branch from the root to the message `message_id` of `conversation` (root first),
-    and whether an answer in the conversation is in progress, read in one query once the
-    conversation is locked; `missing` is raised if it is not a message of this conversation."""
-    if message_id is None:
+) -> LockedPath:
+    """Lock the conversation's row and read the branch from the root to its message
+    `message_id` (root first), with the summaries through it, in one statement
+    (`selectors.message_ancestry_locked`). A tombstone is refused, and `missing` raised if
+    the message is not one of this conversation's. `message_id` None: the conversation's
+    current leaf, as the lock finds it."""
+    start = message_id if message_id is not None else conversation.current_leaf_id
+    found = (
+        message_ancestry_locked(message_id=start, conversation_id=conversation.pk)
+        if start is not None
+        else None
+    )
+    if found is not None and message_id is None and found.current_leaf_id != start:
+        # The leaf moved before the lock was ours (or the caller's copy is old): again,
+        # from the leaf the locked row names.
+        start = found.current_leaf_id
+        found = (
+            message_ancestry_locked(message_id=start, conversation_id=conversation.pk)
+            if start is not None
+            else None
+        )
+    if found is not None:
+        conversation.current_leaf_id = found.current_leaf_id
+        conversation.deleted_at = found.deleted_at
+        if found.deleted_at is not None:
+            raise ServiceError(ErrorCode.CONVERSATION_DELETED, "This conversation was deleted.")
+    if found is None and _is_tombstone(conversation):
+        # Its messages went with it: the path is not there to say so.
+        raise ServiceError(ErrorCode.CONVERSATION_DELETED, "This conversation was deleted.")
+    if found is None or found.path[-1].conversation_id != conversation.pk:
         raise missing
-    path, busy = message_ancestry_busy(message_id=message_id, conversation_id=conversation.pk)
-    if not path or path[-1].conversation_id != conversation.pk:
-        raise missing
-    return path, busy
+    return found
+
+
+def _is_tombstone(conversation: Conversation) -> bool:
+    return Conversation.objects.filter(pk=conversation.pk, deleted_at__isnull=False).exists()
 
 
 def _write_leaf(
@@ -160,7 +179,8 @@ def _write_leaf(
     last as the conversation's leaf, as new activity: every ancestor's `current_child` points
     along the branch. One statement for the insert, the pointers and the conversation
     (Postgres checks their references to each other at commit), where the ORM took three.
-    Returns the branch, pointers updated."""
+    Refused (409) while an answer in the conversation is in progress, which the caller must
+    then roll back (a turn's transaction does). Returns the branch, pointers updated."""
     branch = [*path, *new]
     moved: list[Message] = []
     for node, child in itertools.pairwise(branch):
@@ -189,14 +209,27 @@ def _write_leaf(
     conversation.updated_at = conversation.last_activity_at = now
     when = Conversation._meta.get_field("updated_at").get_db_prep_value(now, connection)
     conversations = connection.ops.quote_name(Conversation._meta.db_table)
-    # Names from the models, never from input; every value a bound parameter.
+    # Names from the models, never from input; every value a bound parameter. An answer in
+    # progress is looked for here, on data fresher than the lock: the turn is refused then,
+    # and what this statement wrote rolls back with it.
     sql = (
         f"WITH {', '.join(ctes)} UPDATE {conversations}"  # noqa: S608
-        " SET current_leaf_id = %s, updated_at = %s, last_activity_at = %s WHERE id = %s"
+        " SET current_leaf_id = %s, updated_at = %s, last_activity_at = %s"
+        f" WHERE id = %s AND NOT EXISTS (SELECT 1 FROM {messages} b"
+        " WHERE b.conversation_id = %s AND b.role = %s AND b.status IN (%s, %s))"
+        " RETURNING id"
     )
     params += [uuid_of(branch[-1].pk), when, when, uuid_of(conversation.pk)]
+    params += [uuid_of(conversation.pk), Message.Role.ASSISTANT.value, *IN_PROGRESS_STATUSES]
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
+        shown = cursor.fetchone()
+    if shown is None:
+        raise ServiceError(
+            ErrorCode.GENERATION_IN_PROGRESS,
+            "An answer is still being generated in this conversation.",
+            status=409,
+        )
     for message in new:
         message._state.adding = False
         message._state.db = connection.alias
@@ -217,13 +250,13 @@ def _placeholder(conversation: Conversation, parent: Message) -> Message:
 
 def _add_turn(
     conversation: Conversation,
-    path: list[Message],
+    found: LockedPath,
     content: str,
     count_tokens: Callable[[str], int] | None,
     attachment_ids: Sequence[Any] = (),
     carried_from: Message | None = None,
 ) -> Written:
-    """A user message under the last of `path` and its answer's placeholder, written and
+    """A user message under the last of `found`'s path and its answer's placeholder, written and
     shown as the new leaf in one statement (`_write_leaf`). With `count_tokens` the message's
     token count is written with it, saving the update the context's count would cost. The
     files `attachment_ids` go on the message, and copies of those `carried_from` carries (the
@@ -233,7 +266,7 @@ def _add_turn(
     files = len(set(attachment_ids)) + carried
     user_message = Message(
         conversation=conversation,
-        parent=path[-1],
+        parent=found.path[-1],
         role=Message.Role.USER,
         content=content,
         status=Message.Status.COMPLETE,
@@ -241,13 +274,13 @@ def _add_turn(
         metadata={Attachment.METADATA_KEY: files} if files else {},
     )
     placeholder = _placeholder(conversation, user_message)
-    branch = _write_leaf(conversation, path, [user_message, placeholder])
+    branch = _write_leaf(conversation, found.path, [user_message, placeholder])
     attachments_claim(
         conversation=conversation, message=user_message, attachment_ids=attachment_ids
     )
     if carried_from is not None and carried:
         attachments_copy(source=carried_from, target=user_message)
-    return Written(user_message, placeholder, branch)
+    return Written(user_message, placeholder, branch, found.summaries)
 
 
 def conversation_create(
@@ -338,25 +371,20 @@ def message_send(
     """
     _check_content(content)
     with _tree_change():
-        _lock(conversation)
-        if parent is None:
-            parent_id = conversation.current_leaf_id
-        else:
-            parent_id = parent.pk if isinstance(parent, Message) else parent
-        path, busy = _path_to(
+        parent_id = None if parent is None else parent.pk if isinstance(parent, Message) else parent
+        found = _locked_path(
             conversation,
             parent_id,
             missing=ServiceError(
                 ErrorCode.UNKNOWN_PARENT, "The parent is not a message of this conversation."
             ),
         )
-        if path[-1].role not in USER_PARENT_ROLES:
+        if found.path[-1].role not in USER_PARENT_ROLES:
             raise ServiceError(
                 ErrorCode.INVALID_PARENT,
-                f"A user message cannot follow a {path[-1].role} message.",
+                f"A user message cannot follow a {found.path[-1].role} message.",
             )
-        _refuse_if_busy(busy)
-        return _add_turn(conversation, path, content, count_tokens, attachment_ids)
+        return _add_turn(conversation, found, content, count_tokens, attachment_ids)
 
 
 def message_edit(
@@ -372,12 +400,9 @@ def message_edit(
     _check_content(content)
     conversation = message.conversation
     with _tree_change():
-        _lock(conversation)
-        path, busy = _path_above(conversation, message)
-        _refuse_if_busy(busy)
         return _add_turn(
             conversation,
-            path,
+            _path_above(conversation, message),
             content,
             count_tokens,
             carried_from=message,
@@ -392,22 +417,20 @@ def message_regenerate(*, message: Message) -> Written:
         )
     conversation = message.conversation
     with _tree_change():
-        _lock(conversation)
-        path, busy = _path_above(conversation, message)
-        _refuse_if_busy(busy)
-        path = _question_path(path)
+        found = _path_above(conversation, message)
+        path = _question_path(found.path)
         placeholder = _placeholder(conversation, path[-1])
         branch = _write_leaf(conversation, path, [placeholder])
-    return Written(None, placeholder, branch)
+    return Written(None, placeholder, branch, found.summaries)
 
 
-def _path_above(conversation: Conversation, message: Message) -> tuple[list[Message], bool]:
-    """The branch from the root to `message`'s parent, and whether an answer in the
-    conversation is in progress (`_path_to`)."""
+def _path_above(conversation: Conversation, message: Message) -> LockedPath:
+    """The conversation locked, and the branch from the root to `message`'s parent
+    (`_locked_path`)."""
     if message.parent_id is None:
         # Only the root lacks a parent, and callers already refused it by its role.
         raise ServiceError(ErrorCode.INVALID_PARENT, "The root message has no siblings.")
-    return _path_to(
+    return _locked_path(
         conversation,
         message.parent_id,
         missing=ServiceError(ErrorCode.INVALID_PARENT, "The message has no parent here."),

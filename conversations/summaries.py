@@ -11,7 +11,7 @@ with the same system prompt, first user message and summary, which the worker ke
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django.conf import settings
@@ -44,10 +44,18 @@ MESSAGE_EXCERPT_CHARS = 4000
 _SPEAKERS = {Message.Role.USER: "User", Message.Role.ASSISTANT: "Assistant"}
 
 
-def summary_for_branch(*, branch: Sequence[Message]) -> BranchSummary | None:
-    """The summary reaching deepest into `branch` (root first), if any lies on it."""
+def summary_for_branch(
+    *, branch: Sequence[Message], known: Mapping[Any, BranchSummary] | None = None
+) -> BranchSummary | None:
+    """The summary reaching deepest into `branch` (root first), if any lies on it. `known`:
+    the summaries through the branch's messages by message id, where the caller read them
+    with the branch (no statement then)."""
     depth = {message.pk: index for index, message in enumerate(branch)}
-    summaries = BranchSummary.objects.filter(through_message_id__in=list(depth))
+    summaries: Iterable[BranchSummary] = (
+        BranchSummary.objects.filter(through_message_id__in=list(depth))
+        if known is None
+        else [summary for pk, summary in known.items() if pk in depth]
+    )
     return max(summaries, key=lambda summary: depth[summary.through_message_id], default=None)
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any, TypeVar
@@ -61,7 +61,7 @@ from .attachment_context import attachment_context
 from .auto_model import is_auto
 from .context import AssembledContext, assemble_context, count_tokens
 from .memory import personal_preamble
-from .models import Conversation, Message
+from .models import BranchSummary, Conversation, Message
 from .removal import conversation_remove
 from .selectors import active_branch
 from .summaries import summary_for_branch
@@ -342,6 +342,7 @@ def _write_and_start(
                 tools=tools,
                 tool_choice=tool_choice,
                 branch=written.branch,
+                summaries=written.summaries,
                 new_conversation=saved is None,
                 route=_auto_route(accepted.choice),
             )
@@ -451,6 +452,7 @@ def generation_start(
     tools: list[dict[str, Any]] | None = None,
     tool_choice: str | dict[str, Any] | None = None,
     branch: Sequence[Message] | None = None,
+    summaries: Mapping[Any, BranchSummary] | None = None,
     new_conversation: bool = False,
     route: dict[str, str] | None = None,
 ) -> Generation:
@@ -460,7 +462,8 @@ def generation_start(
     and told in its stream.
 
     `branch`: the branch on screen as the tree change just wrote it (root first, ending with
-    the placeholder; `services.Written`), taken as it is instead of read back. A
+    the placeholder; `services.Written`), taken as it is instead of read back, and
+    `summaries`, those through its messages where the change read them with it. A
     `new_conversation` has no summary to look for.
 
     Without `tools`, the model is offered the tools this user may call in this conversation
@@ -482,7 +485,7 @@ def generation_start(
         branch=branch,
         max_tokens=max_tokens,
         tools=tools,
-        summary=None if new_conversation else summary_for_branch(branch=branch),
+        summary=None if new_conversation else summary_for_branch(branch=branch, known=summaries),
         attachments=None if new_conversation else attachment_context(branch=branch),
         # The owner's instructions and memory: web chat only, not `/v1` (memory.py).
         preamble=personal_preamble(user_id=conversation.owner_id)

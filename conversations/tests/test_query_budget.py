@@ -41,10 +41,13 @@ API = "/api/v1/conversations"
 # key was kept per process with its user: a request with a key it has seen reads none, 14, 15
 # and 15 before the tree change took no savepoint inside the turn's transaction, 12, 13 and
 # 13 before the tree change wrote its messages, the pointers along the branch and the
-# conversation in one statement, and read whether an answer is in progress with the path).
-SEND_BUDGET = 9
-EDIT_BUDGET = 10
-REGENERATE_BUDGET = 10
+# conversation in one statement, and read whether an answer is in progress with the path,
+# 9, 10 and 10 before the conversation's lock was taken by the path's read, with the
+# summaries through the path, and the write itself refused a turn while an answer is in
+# progress).
+SEND_BUDGET = 7
+EDIT_BUDGET = 8
+REGENERATE_BUDGET = 8
 # The end of a kept answer whose worker reported its usage, as the scheduler writes it,
 # BEGIN and COMMIT counted: its final state with its conversation (one UPDATE ...
 # RETURNING) and the answer's text in one transaction, then its usage event in its own (8

@@ -317,6 +317,24 @@ def test_a_turn_is_refused_while_an_answer_is_being_generated() -> None:
     assert Message.objects.filter(conversation=conversation).count() == 3
 
 
+def test_a_send_from_an_old_copy_goes_under_the_leaf_the_locked_row_names() -> None:
+    """The leaf is read with the lock: a copy of the conversation taken before the last turn
+    (or a turn that waited for the lock) still continues the branch on screen."""
+    conversation = ConversationFactory.create()
+    old_copy = Conversation.objects.get(pk=conversation.pk)
+    _, answer = exchange(conversation, "one")
+
+    user_message, placeholder = sent(message_send(conversation=old_copy, content="two"))
+
+    assert user_message.parent_id == answer.pk
+    assert Conversation.objects.get(pk=conversation.pk).current_leaf_id == placeholder.pk
+    assert [m.pk for m in active_branch(conversation=old_copy)][-3:] == [
+        answer.pk,
+        user_message.pk,
+        placeholder.pk,
+    ]
+
+
 def test_a_turn_is_accepted_after_a_failed_answer() -> None:
     conversation = ConversationFactory.create()
     placeholder = message_send(conversation=conversation, content="one").placeholder
