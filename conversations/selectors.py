@@ -298,7 +298,7 @@ def _ancestry_sql(
     """The recursive query of a message's ancestry (root first) and its parameter; `ctes`
     adds queries after the recursive one (their parameters go after it), `extra` columns
     and `joins` tables to the result."""
-    table = _messages_table()
+    table = connection.ops.quote_name(Message._meta.db_table)
     # The table name comes from the model, never from input; the id is a bound parameter.
     sql = f"""
         WITH RECURSIVE ancestry (id, parent_id, depth) AS (
@@ -311,10 +311,6 @@ def _ancestry_sql(
         ORDER BY ancestry.depth DESC
     """  # noqa: S608
     return sql, [Message._meta.pk.get_db_prep_value(message_id, connection)]
-
-
-def _messages_table() -> str:
-    return connection.ops.quote_name(Message._meta.db_table)
 
 
 def active_branch(*, conversation: Conversation) -> list[Message]:

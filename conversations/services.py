@@ -116,7 +116,11 @@ def _lock(conversation: Conversation) -> None:
     """Lock the conversation row and reload it, refusing a tombstone."""
     conversation.refresh_from_db(from_queryset=Conversation.objects.select_for_update())
     if conversation.deleted_at is not None:
-        raise ServiceError(ErrorCode.CONVERSATION_DELETED, "This conversation was deleted.")
+        raise _deleted()
+
+
+def _deleted() -> ServiceError:
+    return ServiceError(ErrorCode.CONVERSATION_DELETED, "This conversation was deleted.")
 
 
 def _show_leaf(conversation: Conversation, leaf: Message) -> None:
@@ -140,36 +144,32 @@ def _locked_path(
     (`selectors.message_ancestry_locked`). A tombstone is refused, and `missing` raised if
     the message is not one of this conversation's. `message_id` None: the conversation's
     current leaf, as the lock finds it."""
+
+    def read(start: Any) -> LockedPath | None:
+        if start is None:
+            return None
+        return message_ancestry_locked(message_id=start, conversation_id=conversation.pk)
+
     start = message_id if message_id is not None else conversation.current_leaf_id
-    found = (
-        message_ancestry_locked(message_id=start, conversation_id=conversation.pk)
-        if start is not None
-        else None
-    )
+    found = read(start)
     if found is not None and message_id is None and found.current_leaf_id != start:
         # The leaf moved before the lock was ours (or the caller's copy is old): again,
         # from the leaf the locked row names.
-        start = found.current_leaf_id
-        found = (
-            message_ancestry_locked(message_id=start, conversation_id=conversation.pk)
-            if start is not None
-            else None
-        )
+        found = read(found.current_leaf_id)
     if found is not None:
         conversation.current_leaf_id = found.current_leaf_id
         conversation.deleted_at = found.deleted_at
-        if found.deleted_at is not None:
-            raise ServiceError(ErrorCode.CONVERSATION_DELETED, "This conversation was deleted.")
-    if found is None and _is_tombstone(conversation):
+    deleted = (
+        found.deleted_at is not None
+        if found is not None
         # Its messages went with it: the path is not there to say so.
-        raise ServiceError(ErrorCode.CONVERSATION_DELETED, "This conversation was deleted.")
+        else Conversation.objects.filter(pk=conversation.pk, deleted_at__isnull=False).exists()
+    )
+    if deleted:
+        raise _deleted()
     if found is None or found.path[-1].conversation_id != conversation.pk:
         raise missing
     return found
-
-
-def _is_tombstone(conversation: Conversation) -> bool:
-    return Conversation.objects.filter(pk=conversation.pk, deleted_at__isnull=False).exists()
 
 
 def _write_leaf(
@@ -216,7 +216,8 @@ def _write_leaf(
         f"WITH {', '.join(ctes)} UPDATE {conversations}"  # noqa: S608
         " SET current_leaf_id = %s, updated_at = %s, last_activity_at = %s"
         f" WHERE id = %s AND NOT EXISTS (SELECT 1 FROM {messages} b"
-        " WHERE b.conversation_id = %s AND b.role = %s AND b.status IN (%s, %s))"
+        " WHERE b.conversation_id = %s AND b.role = %s"
+        f" AND b.status IN ({', '.join(['%s'] * len(IN_PROGRESS_STATUSES))}))"
         " RETURNING id"
     )
     params += [uuid_of(branch[-1].pk), when, when, uuid_of(conversation.pk)]
