@@ -11,11 +11,17 @@ from django.db import models
 from chatsite.netpolicy import AddressPolicy
 
 from .client import WORKER_NETWORKS_SETTING, kv_events_endpoint_refusal
+from .sampling import SAMPLING_FIELDS, sampling_defaults_refusal
 
 
 def worker_url_refusal(url: str) -> str | None:
     """Why the address policy refuses a worker at `url` (a sentence), or None if it does not."""
     return AddressPolicy.from_setting(WORKER_NETWORKS_SETTING).url_refusal(url)
+
+
+def validate_sampling_defaults(value: object) -> None:
+    if refusal := sampling_defaults_refusal(value):
+        raise ValidationError(refusal)
 
 
 def default_tiers() -> list[str]:
@@ -36,6 +42,15 @@ class ModelPool(models.Model):
     )
     context_window = models.PositiveIntegerField(default=8192)
     max_output_tokens = models.PositiveIntegerField(default=512)
+    sampling_defaults = models.JSONField(
+        default=dict,
+        blank=True,
+        validators=[validate_sampling_defaults],
+        help_text=(
+            "Sent to the workers with every request that does not set its own, e.g. "
+            '{"temperature": 0.7, "min_tokens": 1}. Fields: ' + ", ".join(SAMPLING_FIELDS) + "."
+        ),
+    )
     tiers = models.JSONField(
         default=default_tiers, help_text="Plan tiers that may use this pool, e.g. free, plus."
     )

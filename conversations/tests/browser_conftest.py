@@ -144,7 +144,11 @@ def scripted_workers() -> Iterator[Callable[..., ScriptedWorker]]:
 
 
 def register_workers(
-    urls: list[str], *, pool_name: str | None = None, max_output_tokens: int = 64
+    urls: list[str],
+    *,
+    pool_name: str | None = None,
+    max_output_tokens: int = 64,
+    sampling_defaults: dict[str, Any] | None = None,
 ) -> ModelPool:
     """Serve `pool_name` (the site's default model unless named) from the workers at `urls`."""
     pool, _ = ModelPool.objects.get_or_create(
@@ -152,7 +156,8 @@ def register_workers(
         defaults={"served_model": settings.DEFAULT_MODEL},
     )
     pool.max_output_tokens = max_output_tokens
-    pool.save(update_fields=["max_output_tokens"])
+    pool.sampling_defaults = sampling_defaults or {}
+    pool.save(update_fields=["max_output_tokens", "sampling_defaults"])
     for url in urls:
         Worker.objects.create(
             pool=pool,
@@ -163,8 +168,17 @@ def register_workers(
     return pool
 
 
-def register_real_workers(workers: list[RealWorker], *, max_output_tokens: int) -> ModelPool:
-    return register_workers([w.url for w in workers], max_output_tokens=max_output_tokens)
+def register_real_workers(
+    workers: list[RealWorker], *, max_output_tokens: int, lasting: bool = False
+) -> ModelPool:
+    """The real workers as the default model's pool. `lasting`: every answer is written to
+    `max_output_tokens` (the model may not end it sooner), for a test that needs an answer
+    still being written a while after it began: a sampled story sometimes ends in 150 tokens."""
+    return register_workers(
+        [w.url for w in workers],
+        max_output_tokens=max_output_tokens,
+        sampling_defaults={"min_tokens": max_output_tokens} if lasting else None,
+    )
 
 
 class CuttableProxy:

@@ -291,7 +291,7 @@ def test_stop_and_esc_cancel_the_answer(
     scheduler: Callable[..., Any],
     screenshots: Path,
 ) -> None:
-    register_real_workers(real_workers, max_output_tokens=400)
+    register_real_workers(real_workers, max_output_tokens=400, lasting=True)
     scheduler()
     page, errors = open_chat(chat_edge.url, browser_user())
     send(page, "Write a very long story about a baker, with many chapters.")
@@ -329,7 +329,7 @@ def test_closing_the_tab_stops_its_answer_at_once(
     real_workers: list[RealWorker],
     scheduler: Callable[..., Any],
 ) -> None:
-    register_real_workers(real_workers, max_output_tokens=2000)
+    register_real_workers(real_workers, max_output_tokens=2000, lasting=True)
     # Graces far longer than the wait for the cancel below: only the page's beacon may stop
     # the answer.
     grace = str(int(budget(5 * CLOSED_TAB_WITHIN)))
@@ -438,7 +438,7 @@ def test_reload_and_a_network_drop_mid_answer_lose_and_repeat_nothing(
     real_workers: list[RealWorker],
     scheduler: Callable[..., Any],
 ) -> None:
-    register_real_workers(real_workers, max_output_tokens=400)
+    register_real_workers(real_workers, max_output_tokens=400, lasting=True)
     scheduler()
     user = browser_user()
     page, _ = open_chat(cuttable_proxy.url, user)

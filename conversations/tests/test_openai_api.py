@@ -390,6 +390,33 @@ async def test_a_whole_answer_is_a_chat_completion_stored_as_an_api_conversation
 
 
 @pytest.mark.django_db(transaction=True)
+async def test_a_pools_sampling_defaults_fill_in_what_a_request_leaves_out(
+    user: User, fake_workers: Any, live_edge: LiveEdge
+) -> None:
+    fake = fake_workers(tokens=6)
+    pool = await sync_to_async(register_pool)(fake)
+    pool.sampling_defaults = {"temperature": 0.9, "seed": 7, "min_tokens": 50}
+    await pool.asave(update_fields=["sampling_defaults"])
+    client = async_openai(live_edge, await sync_to_async(key_for)(user))
+
+    async with running_schedulers():
+        await client.chat.completions.create(
+            model="smollm2-135m",
+            messages=[{"role": "user", "content": "Hi"}],
+            temperature=0.3,
+            max_tokens=4,
+        )
+        await client.chat.completions.create(
+            model="smollm2-135m", messages=[{"role": "user", "content": "Hi"}]
+        )
+
+    chosen, left_out = fake.requests
+    # The request's own temperature wins; the least it writes is held to what it allows.
+    assert (chosen["temperature"], chosen["seed"], chosen["min_tokens"]) == (0.3, 7, 4)
+    assert (left_out["temperature"], left_out["seed"], left_out["min_tokens"]) == (0.9, 7, 50)
+
+
+@pytest.mark.django_db(transaction=True)
 async def test_sends_arriving_at_once_each_get_their_own_answer_and_one_charge(
     user: User, fake_workers: Any, live_edge: LiveEdge
 ) -> None:

@@ -26,7 +26,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
@@ -120,6 +120,8 @@ class WorkerView:
     max_concurrency: int
     # The folder of its model's tokenizer and chat template (its pool's).
     tokenizer_folder: str = ""
+    # Its pool's sampling for the fields a request leaves out (`sampling.request_sampling`).
+    sampling_defaults: dict[str, Any] = field(default_factory=dict)
     load: WorkerLoad | None = None
     leases: int = 0
     # Prompt tokens placed on it that it has not read yet (every replica's placements), and
@@ -552,6 +554,7 @@ def worker_rows() -> list[WorkerView]:
             state=w.state,
             max_concurrency=w.max_concurrency,
             tokenizer_folder=pool_tokenizer_folder(w.pool),
+            sampling_defaults=w.pool.sampling_defaults,
             kv_events_endpoint=w.kv_events_endpoint,
             kv_events_replay_endpoint=w.kv_events_replay_endpoint,
         )

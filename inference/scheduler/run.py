@@ -35,6 +35,7 @@ from ..client import (
 )
 from ..errors import ErrorCode
 from ..models import Generation
+from ..sampling import request_sampling
 from .capacity import Admitted, Capacity, Placement, WorkerView
 from .guard import ContentBlocked, GuardWindow, OutputGuard
 from .tools import ToolLoop, sent_calls
@@ -298,14 +299,15 @@ class Runs:
         if job.run_tools and run.tool_rounds >= settings.TOOL_LOOP_MAX_ROUNDS:
             tool_choice = "none"  # past the cap the model must answer with what it has
         round_suffix = f"r{run.tool_rounds}" if run.tool_rounds else ""
+        # The answer's output budget covers every round.
+        max_tokens = max(1, job.max_tokens - int(run.spent.get("completion_tokens") or 0))
         stream = self.client.stream_chat(
             base_url=view.url,
             model=view.served_model,
             messages=run.messages,
-            # The answer's output budget covers every round.
-            max_tokens=max(1, job.max_tokens - int(run.spent.get("completion_tokens") or 0)),
+            max_tokens=max_tokens,
             priority=job.priority,
-            params=job.params,
+            params=request_sampling(job.params, view.sampling_defaults, max_tokens=max_tokens),
             request_id=worker_request_id(job, f"{run.attempt}{round_suffix}"),
             # Only our plugins are optional: a `/v1` client's tools are never dropped.
             tools=None if job.run_tools and view.id in self.no_tool_workers else job.tools,

@@ -33,8 +33,15 @@ SYSTEM_PROMPT = (
 ) * 3
 
 
-def _register(workers: list[RealWorker], max_concurrency: int = 256) -> ModelPool:
+def _register(
+    workers: list[RealWorker], max_concurrency: int = 256, *, lasting: bool = False
+) -> ModelPool:
+    """The real workers as a pool. `lasting`: answers are written to their max_tokens (the
+    model may not end them sooner), for a test that needs one still being written."""
     pool = ModelPool.objects.create(name="smollm2-135m", served_model="smollm2-135m")
+    if lasting:
+        pool.sampling_defaults = {"min_tokens": pool.max_output_tokens}
+        pool.save(update_fields=["sampling_defaults"])
     for index, worker in enumerate(workers):
         Worker.objects.create(
             pool=pool,
@@ -109,7 +116,7 @@ async def test_turns_of_a_conversation_stay_on_one_worker_and_hit_its_cache(
 async def test_cancel_stops_the_request_inside_vllm(
     user: User, real_workers: list[RealWorker]
 ) -> None:
-    await register(real_workers)
+    await register(real_workers, lasting=True)
     # As the edge's middleware binds it for a request.
     with logs.bound(request="e2e-request-7", generation=None):
         turn = await send(user, "Write a very long story about a baker, with many chapters.")
@@ -153,7 +160,7 @@ async def test_in_a_surge_paid_answers_overtake_the_free_queue(
     settings.SCHEDULER_TIER_SHARE = {"pro": 1.25, "plus": 1.0, "free": 0.75}
     settings.SCHEDULER_MAX_QUEUE_SECONDS = 120
     # One worker that takes four answers: three may be free ones, the fourth and fifth paid.
-    await register(real_workers[:1], max_concurrency=4)
+    await register(real_workers[:1], max_concurrency=4, lasting=True)
     await sync_to_async(subscribe)(user, tier="free", max_output_tokens=400)
     pro_user = await User.objects.acreate(username="pro-user")
     await sync_to_async(subscribe)(pro_user, tier="pro", max_output_tokens=16)
