@@ -11,13 +11,18 @@ from .services import generation_settle
 
 
 class BillingHooks(InferenceHooks):
-    """Once a generation is final: its usage event, and the reservation settled with it
-    (for one without a row, the event owed to the ledger's outbox until a flush)."""
+    """Once a generation is final: its reservation settled, and its usage event written, or
+    owed to the ledger's outbox until a flush (one without a row, or one that a scheduler
+    replica finished: it flushes a second later)."""
 
     def generation_finished(
-        self, *, generation: Generation | UnkeptGeneration, outcome: Outcome
+        self,
+        *,
+        generation: Generation | UnkeptGeneration,
+        outcome: Outcome,
+        flush_follows: bool = False,
     ) -> None:
-        generation_settle(generation=generation)
+        generation_settle(generation=generation, batched=flush_follows)
 
     def generations_flush(self) -> None:
         ledger_flush()

@@ -22,7 +22,7 @@ import logging
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, cast
 
 from django.conf import settings
@@ -113,9 +113,9 @@ def usage_event(
     )
 
 
-def usage_owe(*, generation: UnkeptGeneration, now: int | None = None) -> None:
-    """A final generation without a row: its usage event into the outbox, then its
-    reservation settled with the real usage (as `usage_record` does for one with a row)."""
+def usage_owe(*, generation: Generation | UnkeptGeneration, now: int | None = None) -> None:
+    """A final generation's usage event into the outbox, then its reservation settled with
+    the real usage (`usage_record` writes the event at once instead)."""
     if not generation.is_final:
         raise ValueError("usage is owed once a generation is final")
     held = quota.held(user_id=generation.user_id, reservation_id=str(generation.id))
@@ -129,12 +129,16 @@ def usage_owe(*, generation: UnkeptGeneration, now: int | None = None) -> None:
             "generation_id": str(generation.id),
             "user_id": str(generation.user_id),
             "pool_id": str(generation.pool_id),
+            # Priced at the pool that answered (a fallback's, where the overload policy
+            # sent it), counted against the one asked for.
+            "price_pool_id": str(generation.served_pool_id or generation.pool_id),
             "tier": generation.tier,
             "status": generation.status,
             "prompt_tokens": str(prompt),
             "output_tokens": str(output),
             "cached_tokens": str(generation.cached_tokens or 0),
-            "occurred_ms": str(int(finished.timestamp() * 1000)),
+            # To the microsecond, as the generation's row has it.
+            "occurred_us": str(_epoch_us(finished)),
         },
     )
     if held is not None:
@@ -218,14 +222,28 @@ def _write(entries: Entries) -> None:
                 generation_id=uuid.UUID(fields["generation_id"]),
                 user_id=user_id,
                 pool_id=pool_id,
-                price=pool_price(pool_id=pool_id),
+                price=pool_price(pool_id=int(fields.get("price_pool_id") or pool_id)),
                 plan=plan_of(user_id=user_id),
                 tier=fields["tier"],
                 status=fields["status"],
                 prompt_tokens=int(fields["prompt_tokens"]),
                 output_tokens=int(fields["output_tokens"]),
                 cached_tokens=int(fields["cached_tokens"]),
-                occurred_at=datetime.fromtimestamp(int(fields["occurred_ms"]) / 1000, tz=UTC),
+                occurred_at=_occurred_at(fields),
             )
         )
     UsageEvent.objects.bulk_create(rows, ignore_conflicts=True)
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _epoch_us(moment: datetime) -> int:
+    return (moment - _EPOCH) // timedelta(microseconds=1)
+
+
+def _occurred_at(fields: dict[str, str]) -> datetime:
+    """When an owed event happened (an entry an older release wrote has milliseconds)."""
+    if "occurred_us" in fields:
+        return _EPOCH + timedelta(microseconds=int(fields["occurred_us"]))
+    return _EPOCH + timedelta(milliseconds=int(fields["occurred_ms"]))

@@ -259,13 +259,13 @@ def usage_record(*, generation: Generation, now: int | None = None) -> bool:
     return True
 
 
-def generation_settle(*, generation: Generation | UnkeptGeneration) -> None:
+def generation_settle(*, generation: Generation | UnkeptGeneration, batched: bool = False) -> None:
     """`usage_record` for the inference plane's finish hook (`usage_owe` for an answer
-    without a row: its event is written by the next `ledger_flush`): the answer is already
-    final, so a failure here is logged, not raised; the reconciler records it on its next
-    run."""
+    without a row, or `batched` when a flush follows: its event is written by the next
+    `ledger_flush`): the answer is already final, so a failure here is logged, not raised;
+    the reconciler records it on its next run."""
     try:
-        if isinstance(generation, UnkeptGeneration):
+        if batched or isinstance(generation, UnkeptGeneration):
             usage_owe(generation=generation)
         else:
             usage_record(generation=generation)

@@ -69,11 +69,17 @@ class InferenceHooks:
         effects go out with `transaction.on_commit`."""
 
     def generation_finished(
-        self, *, generation: Generation | UnkeptGeneration, outcome: Outcome
+        self,
+        *,
+        generation: Generation | UnkeptGeneration,
+        outcome: Outcome,
+        flush_follows: bool = False,
     ) -> None:
         """The final state is committed; the stream's `done` event goes out after this. For a
         generation without a row (an `inference.unkept.UnkeptGeneration`), the only hook of
-        its finish: write what must last of it without waiting for a statement (batch it)."""
+        its finish: write what must last of it without waiting for a statement (batch it).
+        `flush_follows`: the caller, a scheduler replica, calls `generations_flush` about a
+        second after, so what must last of a generation with a row may be batched too."""
 
     def generations_flush(self) -> None:
         """Write, in one batch, what the finishes of generations without a row left to write
@@ -130,10 +136,16 @@ class HookManager:
             subscriber.generation_finishing(generation=generation, outcome=outcome)
 
     def generation_finished(
-        self, *, generation: Generation | UnkeptGeneration, outcome: Outcome
+        self,
+        *,
+        generation: Generation | UnkeptGeneration,
+        outcome: Outcome,
+        flush_follows: bool = False,
     ) -> None:
         for subscriber in self.subscribers:
-            subscriber.generation_finished(generation=generation, outcome=outcome)
+            subscriber.generation_finished(
+                generation=generation, outcome=outcome, flush_follows=flush_follows
+            )
 
     def generations_flush(self) -> None:
         for subscriber in self.subscribers:

@@ -432,7 +432,8 @@ def _finish_row(
             return False if Generation.objects.filter(pk=generation_id).exists() else None
         hooks.generation_finishing(generation=generation, outcome=outcome)
 
-    hooks.generation_finished(generation=generation, outcome=outcome)
+    # The scheduler (which holds the job) flushes what the hooks owe a second later.
+    hooks.generation_finished(generation=generation, outcome=outcome, flush_follows=job is not None)
     metrics.finished(generation=generation, error_code=error_code)
     _close_stream(str(generation_id), outcome, error_code=error_code, error_message=error_message)
     return True

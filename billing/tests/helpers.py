@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from rest_framework.test import APIClient
 
 from billing import quota
+from chatsite.redis import sync_redis
 from conversations.models import Conversation
+from inference import queue
 from inference.models import Generation
 from inference.services import generation_finish
 
@@ -30,7 +32,8 @@ def finish(
     prompt_tokens: int | None = 20,
     output_tokens: int | None = 5,
 ) -> None:
-    """End a generation the way the scheduler does: through `generation_finish`."""
+    """End a generation through `generation_finish`, as a process other than the scheduler
+    does (its usage event written at once)."""
     generation_finish(
         generation_id=generation_id,
         status=status,
@@ -38,6 +41,25 @@ def finish(
         finish_reason="stop" if status == Generation.Status.COMPLETE else status,
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
+    )
+
+
+def finish_as_scheduler(
+    generation_id: Any, *, prompt_tokens: int = 20, output_tokens: int = 5
+) -> None:
+    """End a generation as a scheduler replica does, with the job it ran: its usage event
+    is owed to the ledger's outbox until the replica's flush."""
+    job = queue.Job.from_fields(
+        cast(dict[str, str], sync_redis().hgetall(queue.job_key(generation_id)))
+    )
+    generation_finish(
+        generation_id=generation_id,
+        status=Generation.Status.COMPLETE,
+        text="An answer.",
+        finish_reason="stop",
+        prompt_tokens=prompt_tokens,
+        output_tokens=output_tokens,
+        job=job,
     )
 
 

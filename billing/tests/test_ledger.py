@@ -14,11 +14,11 @@ from django.db.models import Sum
 from django.utils import timezone
 from rest_framework.test import APIClient
 
-from billing import quota, services, tasks
+from billing import ledger, quota, services, tasks
 from billing.models import UsageEvent
 from billing.pricing import format_micros, generation_cost_micros, micros_to_minor
 from billing.tests.factories import price, subscribe
-from billing.tests.helpers import finish, send
+from billing.tests.helpers import finish, finish_as_scheduler, send
 from chatsite.celery import app
 from conversations.removal import conversation_remove
 from conversations.services import conversation_create
@@ -105,6 +105,62 @@ def test_recording_twice_leaves_one_event(
     services.generation_settle(generation=generation)
 
     assert UsageEvent.objects.filter(generation_id=generation_id).count() == 1
+
+
+def queued_turn(client: APIClient, user: User, pool: ModelPool, capture: Any) -> str:
+    """`new_turn`, its job queued (after its commit) as a scheduler finds it."""
+    with capture(execute=True):
+        return new_turn(client, user, pool)
+
+
+def test_an_answer_a_scheduler_finished_owes_its_event_until_the_flush(
+    api_client: APIClient,
+    user: User,
+    pool: ModelPool,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    subscribe(user)
+    # Sent to a fallback by the overload policy: priced at the pool that answered.
+    fallback = ModelPool.objects.create(name="small", served_model="small")
+    price(fallback, input_price=100_000, output_price=200_000)
+    generation_id = queued_turn(api_client, user, pool, django_capture_on_commit_callbacks)
+    Generation.objects.filter(pk=generation_id).update(served_pool=fallback)
+
+    finish_as_scheduler(generation_id, prompt_tokens=1000, output_tokens=500)
+
+    # Settled in Redis at once; the event waits for the replica's flush.
+    assert quota.held(user_id=user.pk, reservation_id=generation_id) is None
+    assert not UsageEvent.objects.filter(generation_id=generation_id).exists()
+    assert ledger.ledger_flush() == 1
+    event = UsageEvent.objects.get(generation_id=generation_id)
+    assert (event.pool_id, event.prompt_tokens, event.output_tokens) == (pool.pk, 1000, 500)
+    assert event.cost_micros == 100 + 100
+    assert event.occurred_at == Generation.objects.get(pk=generation_id).finished_at
+    assert ledger.ledger_flush() == 0
+
+
+def test_an_owed_event_is_billed_once_whether_the_flush_or_the_reconciler_writes_it(
+    api_client: APIClient,
+    user: User,
+    pool: ModelPool,
+    django_capture_on_commit_callbacks: Any,
+) -> None:
+    lost, kept = (
+        queued_turn(api_client, user, pool, django_capture_on_commit_callbacks) for _ in "ab"
+    )
+    finish_as_scheduler(lost, prompt_tokens=40, output_tokens=4)
+    # The replica died between the answer's end and the flush, and Redis lost the outbox.
+    quota.client().delete(ledger.outbox_key())
+    finish_as_scheduler(kept, prompt_tokens=50, output_tokens=5)
+
+    report = services.usage_reconcile(now=later())
+
+    # What the outbox held is flushed, what it lost is recorded from the generation.
+    assert (report.events_flushed, report.events_recorded) == (1, 1)
+    assert services.usage_reconcile(now=later()).events_recorded == 0
+    assert ledger.ledger_flush() == 0
+    events = UsageEvent.objects.filter(generation_id__in=[lost, kept])
+    assert sorted(events.values_list("prompt_tokens", "output_tokens")) == [(40, 4), (50, 5)]
 
 
 def test_a_failed_generation_is_charged_what_it_consumed(
@@ -297,3 +353,11 @@ def test_reconcile_task_runs_and_is_in_the_beat_schedule() -> None:
     assert {"billing.tasks.reconcile_usage", "billing.tasks.close_statements"} <= schedule
     assert "billing.tasks.reconcile_usage" in app.tasks
     assert tasks.reconcile_usage() == services.ReconcileReport().as_dict()
+
+
+def test_an_owed_event_an_older_release_wrote_in_milliseconds_is_read() -> None:
+    moment = datetime(2026, 12, 6, 12, 0, 0, 123456, tzinfo=UTC)
+    assert ledger._occurred_at({"occurred_us": str(ledger._epoch_us(moment))}) == moment
+    assert ledger._occurred_at({"occurred_ms": "1796558400123"}) == datetime(
+        2026, 12, 6, 12, 0, 0, 123000, tzinfo=UTC
+    )

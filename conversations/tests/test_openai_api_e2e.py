@@ -97,8 +97,10 @@ def test_the_sync_client_gets_whole_and_streamed_answers_with_usage(
     assert streamed == text
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == completion.usage.completion_tokens
-    event = UsageEvent.objects.get(generation_id=chunks[0].id.removeprefix("chatcmpl-"))
-    assert event.output_tokens == chunks[-1].usage.completion_tokens
+    # Its usage reaches the ledger in the scheduler's next batch.
+    events = UsageEvent.objects.filter(generation_id=chunks[0].id.removeprefix("chatcmpl-"))
+    wait_until(events.exists, what="the streamed answer's usage event")
+    assert events.get().output_tokens == chunks[-1].usage.completion_tokens
 
 
 async def test_the_async_client_streams_and_an_unkept_key_leaves_only_usage(
@@ -212,7 +214,8 @@ def test_closing_a_stream_cancels_the_request_inside_vllm(
     generation.refresh_from_db()
     assert generation.status == Generation.Status.CANCELLED
     # Charged for what was produced before the client left, not for the 256 it could have.
-    event = UsageEvent.objects.get(generation_id=generation_id)
+    events = UsageEvent.objects.filter(generation_id=generation_id)
+    event = wait_until(events.first, what="the usage event, in the scheduler's next batch")
     assert event.status == Generation.Status.CANCELLED
     assert 0 < event.output_tokens < 256
     assert event.prompt_tokens > 0

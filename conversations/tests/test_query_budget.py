@@ -6,7 +6,7 @@ that needs more must say why here."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 import pytest
 from django.db import connection
@@ -15,10 +15,13 @@ from django.test.utils import CaptureQueriesContext
 from rest_framework.test import APIClient
 
 from accounts.services import api_key_create
+from billing.ledger import ledger_flush
 from billing.models import UsageEvent
 from billing.selectors import default_plan
+from chatsite.redis import sync_redis
 from conversations.models import Conversation
 from conversations.services import conversation_organize, folder_create
+from inference import queue
 from inference.models import Generation
 from inference.services import generation_finish, pool_named
 from inference.tokens import count_tokens, pool_tokenizer
@@ -50,9 +53,10 @@ EDIT_BUDGET = 8
 REGENERATE_BUDGET = 8
 # The end of a kept answer whose worker reported its usage, as the scheduler writes it,
 # BEGIN and COMMIT counted: its final state with its conversation (one UPDATE ...
-# RETURNING) and the answer's text in one transaction, then its usage event in its own (8
-# while the generation was read with a lock first, then updated).
-FINISH_BUDGET = 7
+# RETURNING) and the answer's text in one transaction; its usage event goes to the ledger's
+# outbox, written in batches by the replica's flush (8 while the generation was read with a
+# lock first, then updated; 7 while the usage event was written in a transaction of its own).
+FINISH_BUDGET = 4
 # One transaction: the conversation, all its messages in one statement, the conversation's
 # tool switches, the generation (26 when the conversation was created on its own first, and
 # its messages written and read back as a send does; 8 while the sanction check read the
@@ -150,6 +154,11 @@ def test_a_finish_stays_within_its_budget(
     warm = Generation.objects.exclude(pk=generation_id).get()
     generation_finish(generation_id=warm.pk, status="complete", text="Hi.", output_tokens=2)
 
+    # The scheduler holds the job it ran.
+    job = queue.Job.from_fields(
+        cast(dict[str, str], sync_redis().hgetall(queue.job_key(generation_id)))
+    )
+
     with CaptureQueriesContext(connection) as captured:
         finished = generation_finish(
             generation_id=generation_id,
@@ -158,6 +167,7 @@ def test_a_finish_stays_within_its_budget(
             finish_reason="stop",
             prompt_tokens=30,
             output_tokens=4,
+            job=job,
         )
 
     assert finished
@@ -165,7 +175,11 @@ def test_a_finish_stays_within_its_budget(
     assert len(sql) <= FINISH_BUDGET, "\n".join(sql)
     answer = conversation.messages.get(generation__pk=generation_id)
     assert (answer.content, answer.status) == ("Sourdough.", "complete")
-    assert UsageEvent.objects.filter(generation_id=generation_id).exists()
+    # Its usage event waits in the ledger's outbox for the replica's flush a second later.
+    assert not UsageEvent.objects.filter(generation_id=generation_id).exists()
+    assert ledger_flush() >= 1
+    event = UsageEvent.objects.get(generation_id=generation_id)
+    assert (event.prompt_tokens, event.output_tokens, event.status) == (30, 4, "complete")
     generation = Generation.objects.get(pk=generation_id)
     assert (generation.status, generation.finish_reason) == ("complete", "stop")
     assert generation.output_tokens == answer.output_tokens == 4

@@ -535,8 +535,7 @@ class Runs:
                 await sync_to_async(close_old_connections)()
             else:
                 run.finished = True
-                if not run.job.kept:
-                    self.finished.set()
+                self.finished.set()  # its usage event waits in the ledger's outbox
                 logger.debug(
                     "generation %s ended %s (%s)", run.job.generation_id, status, finish_reason
                 )
