@@ -77,6 +77,9 @@ class Conversation(models.Model):
     )
     pinned = models.BooleanField(default=False)
     archived = models.BooleanField(default=False)
+    # Whether the user switched any tool on in it (kept by the tool switches' owner,
+    # `CONVERSATION_TOOLS_PROVIDER`'s app): a turn in one without reads no switches.
+    tools_on = models.BooleanField(default=False)
 
     class Meta:
         ordering = ["-last_activity_at", "-id"]

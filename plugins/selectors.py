@@ -175,11 +175,12 @@ def tools_for_conversation(
     """
     if conversation is None:
         return tools_for_user(user=user)
-    switches = conversation_tool_switches(conversation=conversation)
     default = settings.PLUGINS_TOOLS_ON_BY_DEFAULT
-    if not default and not any(switches.values()):
-        # Nothing switched on (most turns): skip working out what the plan offers.
+    if not default and not conversation.tools_on:
+        # Nothing switched on (most turns): no switch to read, nothing the plan offers to
+        # work out.
         return []
+    switches = conversation_tool_switches(conversation=conversation)
     return [spec for spec in tools_for_user(user=user) if switches.get(spec.name, default)]
 
 

@@ -306,17 +306,26 @@ def conversation_tools_set(
             "These tools are not available to you.",
             detail={"tools": unknown},
         )
-    for tool_name, enabled in switches.items():
-        if not isinstance(enabled, bool):
-            raise ServiceError(ErrorCode.INVALID_SWITCHES, "Each tool must map to true or false.")
-        ConversationTool.objects.update_or_create(
-            conversation=conversation, tool_name=tool_name, defaults={"enabled": enabled}
+    if not all(isinstance(enabled, bool) for enabled in switches.values()):
+        raise ServiceError(ErrorCode.INVALID_SWITCHES, "Each tool must map to true or false.")
+    with transaction.atomic():
+        # The conversation's row first: switches set at once in two tabs leave `tools_on`
+        # as the last of them found them, never off while one is on.
+        Conversation.objects.select_for_update().filter(pk=conversation.pk).exists()
+        for tool_name, enabled in switches.items():
+            ConversationTool.objects.update_or_create(
+                conversation=conversation, tool_name=tool_name, defaults={"enabled": enabled}
+            )
+        now_set = dict(
+            ConversationTool.objects.filter(conversation=conversation).values_list(
+                "tool_name", "enabled"
+            )
         )
-    return dict(
-        ConversationTool.objects.filter(conversation=conversation).values_list(
-            "tool_name", "enabled"
-        )
-    )
+        tools_on = any(now_set.values())
+        if tools_on != conversation.tools_on:
+            Conversation.objects.filter(pk=conversation.pk).update(tools_on=tools_on)
+            conversation.tools_on = tools_on
+    return now_set
 
 
 def mcp_headers(*, server: McpServer) -> dict[str, str]:

@@ -47,21 +47,24 @@ API = "/api/v1/conversations"
 # conversation in one statement, and read whether an answer is in progress with the path,
 # 9, 10 and 10 before the conversation's lock was taken by the path's read, with the
 # summaries through the path, and the write itself refused a turn while an answer is in
-# progress).
-SEND_BUDGET = 7
-EDIT_BUDGET = 8
-REGENERATE_BUDGET = 8
+# progress, 7, 8 and 8 before the tool switches were read only of a conversation whose row
+# says one is on). A send is then four statements and the transaction's two (SAVEPOINT and
+# RELEASE here, BEGIN and COMMIT in production): the conversation as its owner's, the lock
+# with the path, the tree write, the generation.
+SEND_BUDGET = 6
+EDIT_BUDGET = 7
+REGENERATE_BUDGET = 7
 # The end of a kept answer whose worker reported its usage, as the scheduler writes it,
 # BEGIN and COMMIT counted: its final state with its conversation (one UPDATE ...
 # RETURNING) and the answer's text in one transaction; its usage event goes to the ledger's
 # outbox, written in batches by the replica's flush (8 while the generation was read with a
 # lock first, then updated; 7 while the usage event was written in a transaction of its own).
 FINISH_BUDGET = 4
-# One transaction: the conversation, all its messages in one statement, the conversation's
-# tool switches, the generation (26 when the conversation was created on its own first, and
-# its messages written and read back as a send does; 8 while the sanction check read the
-# database; 7 while each request read its key).
-V1_BUDGET = 6
+# One transaction: the conversation, all its messages in one statement, the generation (26
+# when the conversation was created on its own first, and its messages written and read back
+# as a send does; 8 while the sanction check read the database; 7 while each request read
+# its key; 6 while the tool switches were read of a conversation with none on).
+V1_BUDGET = 5
 # A key that keeps nothing: no statement at all (7 while the conversation was written and
 # removed again once answered, plus that removal's own statements; 1 while each request read
 # its key).

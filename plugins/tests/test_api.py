@@ -43,8 +43,30 @@ def test_tools_start_off_unless_the_site_turns_them_on(api_client, user, fake_re
     assert not any(tool["enabled"] for tool in by_name(api_client.get(url(conversation))).values())
     assert tools_for_conversation(user=user, conversation=conversation) == []
     api_client.patch(url(conversation), {"tools": {"echo": True}}, format="json")
+    conversation.refresh_from_db()  # as the next turn reads it
     names = {spec.name for spec in tools_for_conversation(user=user, conversation=conversation)}
     assert names == {"echo"}
+
+
+def test_a_conversation_says_whether_a_tool_is_on_and_a_turn_without_reads_no_switch(
+    api_client, user, fake_registry, settings, django_assert_num_queries
+):
+    settings.PLUGINS_TOOLS_ON_BY_DEFAULT = False
+    conversation = ConversationFactory.create(owner=user)
+    with django_assert_num_queries(0):
+        assert tools_for_conversation(user=user, conversation=conversation) == []
+
+    def switch(**tools):
+        response = api_client.patch(url(conversation), {"tools": tools}, format="json")
+        assert response.status_code == 200, response.content
+        conversation.refresh_from_db()
+        return conversation.tools_on
+
+    assert switch(echo=True, hang=True)
+    assert switch(echo=False), "hang is still on"
+    assert not switch(hang=False)
+    with django_assert_num_queries(0):
+        assert tools_for_conversation(user=user, conversation=conversation) == []
 
 
 def test_switching_a_tool_off_and_on(api_client, user, fake_registry):
@@ -70,7 +92,12 @@ def test_a_bad_body_is_refused(api_client, user, fake_registry):
     conversation = ConversationFactory.create(owner=user)
     response = api_client.patch(url(conversation), {"tools": {"echo": "maybe"}}, format="json")
     assert response.status_code == 400
+    # Nothing of a body with one bad switch is kept, the good ones before it included.
+    both = {"tools": {"hang": True, "echo": "maybe"}}
+    assert api_client.patch(url(conversation), both, format="json").status_code == 400
     assert not ConversationTool.objects.exists()
+    conversation.refresh_from_db()
+    assert not conversation.tools_on
 
 
 def test_another_users_conversation_is_not_found(api_client, other_user, fake_registry):
