@@ -1,10 +1,13 @@
-"""The usage ledger's rows, and its outbox: what answers without a row owe it, written in
-batches.
+"""The usage ledger's rows, and its outbox: what answers owe it, written in batches.
 
-An answer of a `/v1` key that keeps nothing has no `Generation` row (inference/unkept.py).
-As it ends, `usage_owe` settles its reservation in Redis at once (the unused tokens back,
-its concurrency slot freed) and appends its usage event to the outbox, a Redis Stream. That
-is all its finish costs billing: no statement. `ledger_flush` writes the outbox to Postgres
+An answer a scheduler replica finishes (and every answer of a `/v1` key that keeps nothing,
+which has no `Generation` row: inference/unkept.py) owes its usage to the outbox. As it
+ends, `usage_owe` settles its reservation in Redis at once (the unused tokens back, its
+concurrency slot freed) and appends its usage event to the outbox, a Redis Stream. That is
+all its finish costs billing: no statement. (A finish elsewhere, such as a cancel of a
+queued answer at the edge, writes its event at once with `services.usage_record`.) A kept
+answer whose entry was lost (Redis lost the stream, or its process died between the answer's
+final state and the entry) is recorded by the reconciler from its row. `ledger_flush` writes the outbox to Postgres
 in batches of up to `LEDGER_BATCH` events, one `INSERT ... ON CONFLICT DO NOTHING` each (the
 generation id is the ledger's dedup key), and deletes the entries it wrote only after that
 commits. A process that dies anywhere in between loses nothing and charges nothing twice: the
