@@ -7,11 +7,13 @@ concurrency slot freed) and appends its usage event to the outbox, a Redis Strea
 all its finish costs billing: no statement. (A finish elsewhere, such as a cancel of a
 queued answer at the edge, writes its event at once with `services.usage_record`.) A kept
 answer whose entry was lost (Redis lost the stream, or its process died between the answer's
-final state and the entry) is recorded by the reconciler from its row. `ledger_flush` writes the outbox to Postgres
-in batches of up to `LEDGER_BATCH` events, one `INSERT ... ON CONFLICT DO NOTHING` each (the
-generation id is the ledger's dedup key), and deletes the entries it wrote only after that
-commits. A process that dies anywhere in between loses nothing and charges nothing twice: the
-entries stay for a later flush, which inserts what is missing and skips what is there.
+final state and the entry) is recorded by the reconciler from its row.
+
+`ledger_flush` writes the outbox to Postgres in batches of up to `LEDGER_BATCH` events, one
+`INSERT ... ON CONFLICT DO NOTHING` each (the generation id is the ledger's dedup key), and
+deletes the entries it wrote only after that commits. A process that dies anywhere in
+between loses nothing and charges nothing twice: the entries stay for a later flush, which
+inserts what is missing and skips what is there.
 
 One writer at a time (a short Redis lock): the scheduler replica that finished answers
 flushes about a second after them (the `generations_flush` hook, so a second of answers is

@@ -601,6 +601,16 @@ def watch_keys(generation_id: object) -> list[str]:
     ]
 
 
+def read_job(redis: Redis, generation_id: object) -> Job | None:
+    """The job of a generation as Redis holds it (a decoding client's), or None once it is
+    gone."""
+    fields = cast(dict[str, str], redis.hgetall(job_key(generation_id)))
+    try:
+        return Job.from_fields(fields) if fields else None
+    except (KeyError, ValueError):
+        return None  # only marks left (a cancel flag): the job itself is gone
+
+
 def enqueue(redis: Redis, job: Job) -> None:
     """Put `job` in its queue and tell the schedulers there is work."""
     fields = job.to_fields()

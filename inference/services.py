@@ -245,7 +245,7 @@ def generation_cancel_unkept(*, generation_id: str) -> None:
     """`generation_cancel` for a generation without a row, by its id (its job says where it
     waits). One already finished is left as it is."""
     redis = sync_redis()
-    job = _job(redis, generation_id)
+    job = queue.read_job(redis, generation_id)
     if job is None or job.kept:
         return
     if queue.unqueue(redis, pool=job.pool, tier=job.tier, generation_id=generation_id):
@@ -258,15 +258,6 @@ def generation_cancel_unkept(*, generation_id: str) -> None:
         )
     else:
         queue.request_cancel(redis, generation_id)
-
-
-def _job(redis: Any, generation_id: Any) -> queue.Job | None:
-    """The job of a generation as Redis holds it, or None once it is gone."""
-    fields = redis.hgetall(queue.job_key(generation_id))
-    try:
-        return queue.Job.from_fields(fields) if fields else None
-    except (KeyError, ValueError):
-        return None  # only marks left (a cancel flag): the job itself is gone
 
 
 def generation_leave(*, generation: Generation, page: str = "") -> Generation:
@@ -395,7 +386,7 @@ def generation_finish(
         if finished is not None:
             return finished
         redis = sync_redis()
-        job = _job(redis, generation_id)
+        job = queue.read_job(redis, generation_id)
         if job is None or job.kept:
             # Its conversation was deleted meanwhile: leave nothing behind in Redis.
             redis.delete(queue.stream_key(generation_id), queue.job_key(generation_id))

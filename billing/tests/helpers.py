@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 from rest_framework.test import APIClient
 
@@ -49,9 +49,8 @@ def finish_as_scheduler(
 ) -> None:
     """End a generation as a scheduler replica does, with the job it ran: its usage event
     is owed to the ledger's outbox until the replica's flush."""
-    job = queue.Job.from_fields(
-        cast(dict[str, str], sync_redis().hgetall(queue.job_key(generation_id)))
-    )
+    job = queue.read_job(sync_redis(), generation_id)
+    assert job is not None, "its job is queued"
     generation_finish(
         generation_id=generation_id,
         status=Generation.Status.COMPLETE,

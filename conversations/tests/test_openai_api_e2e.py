@@ -216,6 +216,7 @@ def test_closing_a_stream_cancels_the_request_inside_vllm(
     # Charged for what was produced before the client left, not for the 256 it could have.
     events = UsageEvent.objects.filter(generation_id=generation_id)
     event = wait_until(events.first, what="the usage event, in the scheduler's next batch")
+    assert event is not None
     assert event.status == Generation.Status.CANCELLED
     assert 0 < event.output_tokens < 256
     assert event.prompt_tokens > 0

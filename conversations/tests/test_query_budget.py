@@ -6,7 +6,7 @@ that needs more must say why here."""
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any
 
 import pytest
 from django.db import connection
@@ -158,9 +158,8 @@ def test_a_finish_stays_within_its_budget(
     generation_finish(generation_id=warm.pk, status="complete", text="Hi.", output_tokens=2)
 
     # The scheduler holds the job it ran.
-    job = queue.Job.from_fields(
-        cast(dict[str, str], sync_redis().hgetall(queue.job_key(generation_id)))
-    )
+    job = queue.read_job(sync_redis(), generation_id)
+    assert job is not None, "its job is queued"
 
     with CaptureQueriesContext(connection) as captured:
         finished = generation_finish(
