@@ -17,6 +17,11 @@ catalog of its own, with its own version key (`Catalog("...")`, `catalog_rows(..
 `changed()`), so that its changes do not drop this one: the accounts' API keys do.
 
 Values are shared by every thread of the process: treat them as read-only.
+
+Within a request of the edge (`request_scope`, entered by its first middleware) each version
+is read once and trusted for `REQUEST_MEMO_SECONDS` (a send read it four times; a stream that
+lasts longer reads it again); a change the request makes itself is seen at once. Elsewhere (the
+scheduler, Celery) every read asks Redis.
 """
 
 from __future__ import annotations
@@ -24,8 +29,11 @@ from __future__ import annotations
 import functools
 import logging
 import threading
+import time
 import uuid
-from collections.abc import Callable, Hashable
+from collections.abc import Callable, Hashable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 from django.db import models, transaction
@@ -41,6 +49,24 @@ T = TypeVar("T")
 VERSION_KEY = "catalog:version"
 # Entries one process keeps at most (a user's plan is one each); past it, all are dropped.
 MAX_ENTRIES = 20_000
+# How long a request trusts a version it has read (`request_scope`).
+REQUEST_MEMO_SECONDS = 1.0
+
+# The versions the current request has read, by key, with when (None outside a request).
+_request_versions: ContextVar[dict[str, tuple[str, float]] | None] = ContextVar(
+    "catalog_request_versions", default=None
+)
+
+
+@contextmanager
+def request_scope() -> Iterator[None]:
+    """A request of the edge: each catalog's version is read once inside (for at most
+    `REQUEST_MEMO_SECONDS`); after it, every read asks Redis again."""
+    token = _request_versions.set({})
+    try:
+        yield
+    finally:
+        _request_versions.reset(token)
 
 
 class Catalog:
@@ -59,7 +85,7 @@ class Catalog:
     ) -> T:
         """The value kept under `key`, or `load()`'s, kept for later reads (unless `keep`
         says otherwise of it: a lookup that found nothing, say, which anyone can make)."""
-        version = _current_version(self.version_key)
+        version = _version(self.version_key)
         if version is None:
             return load()  # Redis is unreachable: straight from the database, keep nothing
         with self._lock:
@@ -89,6 +115,8 @@ class Catalog:
     def changed(self, **_: Any) -> None:
         """This catalog's rows changed: every process reloads them (also a signal receiver)."""
         self.forget()
+        if (memo := _request_versions.get()) is not None:
+            memo.pop(self.version_key, None)
         _new_version(self.version_key)
         transaction.on_commit(functools.partial(_new_version, self.version_key), robust=True)
 
@@ -119,6 +147,19 @@ def _new_version(version_key: str = VERSION_KEY) -> None:
     except RedisError:
         # Every process reads Redis before trusting what it keeps: none trusts it now.
         logger.warning("could not publish a catalog change", exc_info=True)
+
+
+def _version(version_key: str) -> str | None:
+    """The catalog's version: the one the current request read lately, else Redis's."""
+    memo = _request_versions.get()
+    if memo is not None and (known := memo.get(version_key)) is not None:
+        kept, read_at = known
+        if time.monotonic() - read_at < REQUEST_MEMO_SECONDS:
+            return kept
+    version = _current_version(version_key)
+    if memo is not None and version is not None:
+        memo[version_key] = (version, time.monotonic())
+    return version
 
 
 def _current_version(version_key: str = VERSION_KEY) -> str | None:

@@ -35,7 +35,7 @@ from django.middleware import clickjacking, common, csrf, security
 from django.utils.decorators import sync_and_async_middleware
 from django.utils.deprecation import MiddlewareMixin
 
-from chatsite import logs
+from chatsite import catalog, logs
 from chatsite.errors import error_body
 from chatsite.redis import REDIS_FAULTS
 
@@ -128,12 +128,14 @@ def request_id_middleware(get_response: Any) -> Any:
     body come after the middleware has returned, and must carry them too. Under ASGI they
     live in the request's own task (when this runs in the request's thread, because one
     below it is sync-only as WhiteNoise is, asgiref carries them back to that task); on a
-    thread that serves request after request (WSGI) each request sets both anew."""
+    thread that serves request after request (WSGI) each request sets both anew. Inside it
+    each catalog's version is read once (`catalog.request_scope`)."""
     if iscoroutinefunction(get_response):
 
         async def identified(request: HttpRequest) -> Any:
             request_id = _identify(request)
-            response = await get_response(request)
+            with catalog.request_scope():
+                response = await get_response(request)
             response.headers.setdefault("X-Request-Id", request_id)
             return response
 
@@ -141,7 +143,8 @@ def request_id_middleware(get_response: Any) -> Any:
 
     def identified_sync(request: HttpRequest) -> Any:
         request_id = _identify(request)
-        response = get_response(request)
+        with catalog.request_scope():
+            response = get_response(request)
         response.headers.setdefault("X-Request-Id", request_id)
         return response
 

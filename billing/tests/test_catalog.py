@@ -139,3 +139,45 @@ def test_catalog_changed_drops_this_process_copy_at_once(user: User) -> None:
 
     assert plan_of(user_id=user.pk).tokens_per_minute == 6000
     CATALOG.forget()
+
+
+def test_a_request_reads_each_version_once_and_sees_its_own_changes_at_once(
+    user: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[str] = []
+    read = catalog._current_version
+
+    def counted(key: str = VERSION_KEY) -> str | None:
+        reads.append(key)
+        return read(key)
+
+    monkeypatch.setattr(catalog, "_current_version", counted)
+    plan = subscribe(user, tokens_per_minute=1000)
+    with catalog.request_scope():
+        assert plan_of(user_id=user.pk).tokens_per_minute == 1000
+        plan_of(user_id=user.pk)
+        assert reads == [VERSION_KEY]
+        # Another process's change waits for the request's next read of the version...
+        Plan.objects.filter(pk=plan.pk).update(tokens_per_minute=3000)
+        sync_redis().set(VERSION_KEY, "from-another-process")
+        assert plan_of(user_id=user.pk).tokens_per_minute == 1000
+        # ...the request's own change does not.
+        plan.tokens_per_minute = 2000
+        plan.save()
+        assert plan_of(user_id=user.pk).tokens_per_minute == 2000
+    reads.clear()
+    plan_of(user_id=user.pk)
+    plan_of(user_id=user.pk)
+    assert reads == [VERSION_KEY, VERSION_KEY], "outside a request every read asks Redis"
+
+
+def test_a_long_request_reads_the_version_again(
+    user: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(catalog, "REQUEST_MEMO_SECONDS", 0.0)
+    plan = subscribe(user, tokens_per_minute=1000)
+    with catalog.request_scope():
+        assert plan_of(user_id=user.pk).tokens_per_minute == 1000
+        Plan.objects.filter(pk=plan.pk).update(tokens_per_minute=3000)
+        sync_redis().set(VERSION_KEY, "from-another-process")
+        assert plan_of(user_id=user.pk).tokens_per_minute == 3000

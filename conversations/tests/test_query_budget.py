@@ -18,6 +18,7 @@ from accounts.services import api_key_create
 from billing.ledger import ledger_flush
 from billing.models import UsageEvent
 from billing.selectors import default_plan
+from chatsite import catalog
 from chatsite.redis import sync_redis
 from conversations.models import Conversation
 from conversations.services import conversation_organize, folder_create
@@ -120,6 +121,23 @@ def test_a_send_stays_within_its_budget(api_client: APIClient, conversation: Con
         lambda: api_client.post(f"{API}/{conversation.pk}/messages", {"content": "hello"})
     )
     assert count <= SEND_BUDGET, "\n".join(sql)
+
+
+def test_a_send_reads_each_catalog_version_once(
+    api_client: APIClient, conversation: Conversation, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[str] = []
+    read = catalog._current_version
+
+    def counted(key: str = catalog.VERSION_KEY) -> str | None:
+        reads.append(key)
+        return read(key)
+
+    monkeypatch.setattr(catalog, "_current_version", counted)
+    sent = api_client.post(f"{API}/{conversation.pk}/messages", {"content": "Name a bread."})
+    assert sent.status_code == 201, sent.content
+    # The plan, its pools, the pool, the user's standing, the key: one read of each version.
+    assert reads and len(reads) == len(set(reads)), reads
 
 
 def test_an_edit_stays_within_its_budget(api_client: APIClient, conversation: Conversation) -> None:
