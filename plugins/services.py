@@ -309,9 +309,15 @@ def conversation_tools_set(
     if not all(isinstance(enabled, bool) for enabled in switches.values()):
         raise ServiceError(ErrorCode.INVALID_SWITCHES, "Each tool must map to true or false.")
     with transaction.atomic():
-        # The conversation's row first: switches set at once in two tabs leave `tools_on`
-        # as the last of them found them, never off while one is on.
-        Conversation.objects.select_for_update().filter(pk=conversation.pk).exists()
+        # The conversation's row first, and its flag as the lock finds it (the caller's copy
+        # may predate another tab's switch): switches set at once in two tabs leave
+        # `tools_on` as the last of them found them, never off while one is on.
+        was_on = (
+            Conversation.objects.select_for_update()
+            .filter(pk=conversation.pk)
+            .values_list("tools_on", flat=True)
+            .first()
+        )
         for tool_name, enabled in switches.items():
             ConversationTool.objects.update_or_create(
                 conversation=conversation, tool_name=tool_name, defaults={"enabled": enabled}
@@ -322,9 +328,9 @@ def conversation_tools_set(
             )
         )
         tools_on = any(now_set.values())
-        if tools_on != conversation.tools_on:
+        if tools_on != was_on:
             Conversation.objects.filter(pk=conversation.pk).update(tools_on=tools_on)
-            conversation.tools_on = tools_on
+        conversation.tools_on = tools_on
     return now_set
 
 

@@ -7,10 +7,11 @@ from rest_framework.test import APIClient
 
 from billing.tests.factories import subscribe
 from chatsite.testing import assert_error
+from conversations.models import Conversation
 from conversations.tests.factories import ConversationFactory
 from plugins.models import ConversationTool
 from plugins.selectors import tools_for_conversation
-from plugins.services import plugin_config_update
+from plugins.services import conversation_tools_set, plugin_config_update
 
 pytestmark = pytest.mark.django_db
 
@@ -141,3 +142,20 @@ def test_the_chat_page_has_the_tools_control(client, user):
     html = client.get("/").content.decode()
     assert 'id="tools-menu"' in html
     assert 'id="tools-list"' in html
+
+
+def test_a_switch_from_an_old_copy_of_the_conversation_keeps_its_flag_right(
+    user, fake_registry, settings
+):
+    """Two tabs: one read the conversation while a tool was on, the other then switched it
+    off; the first's switch of another tool on must turn the flag on again."""
+    settings.PLUGINS_TOOLS_ON_BY_DEFAULT = False
+    conversation = ConversationFactory.create(owner=user)
+    conversation_tools_set(user=user, conversation=conversation, switches={"hang": True})
+    old_copy = Conversation.objects.get(pk=conversation.pk)
+    conversation_tools_set(user=user, conversation=conversation, switches={"hang": False})
+
+    conversation_tools_set(user=user, conversation=old_copy, switches={"echo": True})
+
+    conversation.refresh_from_db()
+    assert conversation.tools_on, "echo is on"
