@@ -31,9 +31,10 @@ def finish(
     text: str = "An answer.",
     prompt_tokens: int | None = 20,
     output_tokens: int | None = 5,
+    job: queue.Job | None = None,
 ) -> None:
     """End a generation through `generation_finish`, as a process other than the scheduler
-    does (its usage event written at once)."""
+    does (its usage event written at once), or with `job` as a scheduler replica does."""
     generation_finish(
         generation_id=generation_id,
         status=status,
@@ -41,6 +42,7 @@ def finish(
         finish_reason="stop" if status == Generation.Status.COMPLETE else status,
         prompt_tokens=prompt_tokens,
         output_tokens=output_tokens,
+        job=job,
     )
 
 
@@ -51,15 +53,7 @@ def finish_as_scheduler(
     is owed to the ledger's outbox until the replica's flush."""
     job = queue.read_job(sync_redis(), generation_id)
     assert job is not None, "its job is queued"
-    generation_finish(
-        generation_id=generation_id,
-        status=Generation.Status.COMPLETE,
-        text="An answer.",
-        finish_reason="stop",
-        prompt_tokens=prompt_tokens,
-        output_tokens=output_tokens,
-        job=job,
-    )
+    finish(generation_id, prompt_tokens=prompt_tokens, output_tokens=output_tokens, job=job)
 
 
 def tokens_left(user: Any, *, tokens_per_minute: int) -> int:
