@@ -347,6 +347,14 @@ CELERY_RESULT_BACKEND = os.environ.get("CELERY_RESULT_BACKEND", REDIS_URL)
 CELERY_TASK_ACKS_LATE = True
 CELERY_TASK_REJECT_ON_WORKER_LOST = True
 CELERY_WORKER_PREFETCH_MULTIPLIER = 1
+# Idle, a worker asks a Redis broker for work (BRPOP) again after this many seconds (kombu's
+# default: 1); a task sent meanwhile is taken at once either way.
+CELERY_BROKER_TRANSPORT_OPTIONS = {
+    "polling_interval": env_float("CELERY_BROKER_POLL_SECONDS", 5.0),
+}
+# Beat reads the periodic tasks' last change from the database this often at most (the
+# database scheduler's default: 5 s), so staff's edits apply within it; a task runs when due.
+CELERY_BEAT_MAX_LOOP_INTERVAL = env_int("CELERY_BEAT_MAX_LOOP_SECONDS", 30)
 CELERY_BEAT_SCHEDULER = "django_celery_beat.schedulers:DatabaseScheduler"
 CELERY_TIMEZONE = "UTC"
 # Periodic tasks; django_celery_beat copies these into the database, where staff edit them.

@@ -95,6 +95,8 @@ class Liveness:
         self.redis = redis
         self.replica_id = replica_id
         self._last_beat: float | None = None
+        # The other replicas silent past the TTL, as the last beat found them.
+        self.silent: list[str] = []
         # Since when this replica's own beats have come without a gap (monotonic seconds).
         self._steady_since: float | None = None
 
@@ -103,11 +105,15 @@ class Liveness:
         return float(settings.SCHEDULER_REPLICA_TTL_SECONDS)
 
     async def beat(self) -> None:
-        """Tell the others this replica is alive."""
+        """Tell the others this replica is alive, and see who went silent (`silent`) in the
+        same round trip."""
+        now_ms = queue.now_ms()
         async with self.redis.pipeline(transaction=False) as pipe:
             pipe.set(queue.replica_key(self.replica_id), "1", px=int(self.ttl * 1000))
-            pipe.zadd(queue.replicas_key(), {self.replica_id: queue.now_ms()})
-            await pipe.execute()
+            pipe.zadd(queue.replicas_key(), {self.replica_id: now_ms})
+            pipe.zrangebyscore(queue.replicas_key(), "-inf", now_ms - int(self.ttl * 1000))
+            *_, silent = await pipe.execute()
+        self.silent = self._others(silent)
         now = time.monotonic()
         if self._last_beat is None or now - self._last_beat > self.ttl / 2:
             # The first beat, or one after a gap: Redis (or this process) stood still, and
@@ -128,16 +134,20 @@ class Liveness:
 
     async def dead_replicas(self) -> list[str]:
         cutoff = queue.now_ms() - int(self.ttl * 1000)
-        silent = await self.redis.zrangebyscore(queue.replicas_key(), "-inf", cutoff)
-        return [str(replica) for replica in silent if replica != self.replica_id]
+        return self._others(await self.redis.zrangebyscore(queue.replicas_key(), "-inf", cutoff))
 
-    async def adopt(self, worker_ids: list[int]) -> list[str]:
+    def _others(self, replicas: list[Any]) -> list[str]:
+        return [str(replica) for replica in replicas if replica != self.replica_id]
+
+    async def adopt(self, worker_ids: list[int], *, silent: list[str] | None = None) -> list[str]:
         """Adopt what the dead replicas held and put it back at the head of its queue (or
-        end it, when it was cancelled or has no attempt left). Returns the ids adopted."""
+        end it, when it was cancelled or has no attempt left). Returns the ids adopted.
+        `silent`: the replicas found silent already (the heartbeat's reading); read now
+        without it. Each adoption checks again, in its Lua step, that the replica is dead."""
         if not self.may_judge():
             return []
         adopted_ids: list[str] = []
-        for dead in await self.dead_replicas():
+        for dead in silent if silent is not None else await self.dead_replicas():
             adopted = await self.redis.eval(
                 ADOPT,
                 5,

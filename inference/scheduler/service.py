@@ -53,10 +53,16 @@ from .writer import StreamWriter
 
 logger = logging.getLogger(__name__)
 
-# With nothing to admit, look again after this long at the latest. New work (the enqueue),
-# a released lease (any replica's) and a worker coming up wake the dispatcher at once; the
-# poll is for what announces itself to nobody: a dead replica's leases lapsing.
+# With nothing to admit, look again after this long at the latest (an idle replica: after its
+# idle interval). New work (the enqueue), a released lease (any replica's) and a worker coming
+# up wake the dispatcher at once; the poll is for what announces itself to nobody: a dead
+# replica's leases lapsing.
 IDLE_POLL_SECONDS = 1.0
+# The pace of the chores (housekeeping) and of adoption while the replica has work.
+CHORES_SECONDS = 1.0
+# The pub/sub reader wakes at least this often with nothing said (to see it is stopping, and
+# so that redis-py's health check of the connection gets its turn).
+LISTEN_SECONDS = 5.0
 # What answers without a row leave to write (their usage events) is written this long after
 # this replica finished one: a second of answers is one batch.
 FLUSH_DELAY_SECONDS = 1.0
@@ -90,6 +96,8 @@ class Scheduler:
         )
         self._last_announced = -math.inf  # loop time; none yet
         self._announced = asyncio.Event()
+        # Loops pausing at the idle pace (`_pause`): announced work wakes each.
+        self._pausing: set[asyncio.Event] = set()
         self.running: dict[str, asyncio.Task[None]] = {}
         # Set when this replica finished a generation; the flush loop writes a batch after.
         self.flush_due = asyncio.Event()
@@ -150,11 +158,12 @@ class Scheduler:
         await self.check_workers()
         self._loops = loops = [
             asyncio.create_task(beat_forever(self.liveness, self._stopping), name="heartbeat"),
-            asyncio.create_task(self._loop(self.adoption_step, 1.0), name="adoption"),
+            # Adoption keeps the busy pace, idle or not: it reads what the heartbeat read.
+            asyncio.create_task(self._loop(self.adoption_step, idle_pace=False), name="adoption"),
             asyncio.create_task(self.health_loop(), name="health"),
             asyncio.create_task(self.dispatch_loop(), name="dispatch"),
             asyncio.create_task(self.listen_loop(), name="listen"),
-            asyncio.create_task(self._loop(self.housekeeping.step, 1.0), name="housekeeping"),
+            asyncio.create_task(self._loop(self.housekeeping.step), name="housekeeping"),
             asyncio.create_task(self.flush_loop(), name="flush"),
         ]
         logger.info(
@@ -201,10 +210,31 @@ class Scheduler:
                 task.cancel()
             await asyncio.gather(*pending, return_exceptions=True)
 
-    async def _loop(self, step: Callable[[], Awaitable[None]], interval: float) -> None:
+    async def _loop(self, step: Callable[[], Awaitable[None]], *, idle_pace: bool = True) -> None:
+        """`step` every `CHORES_SECONDS`; with `idle_pace`, at the replica's idle pace while
+        it has no work (`_pause`)."""
         while not self._stopping.is_set():
             await self._step(step)
-            await asyncio.sleep(interval)
+            if idle_pace:
+                await self._pause(CHORES_SECONDS)
+            else:
+                await asyncio.sleep(CHORES_SECONDS)
+
+    async def _pause(self, busy: float) -> None:
+        """Wait `busy` seconds while the replica has work; while it is idle (`_idle`), until
+        work is announced or `idle_health_interval` has passed. An idle replica's chores find
+        nothing to do: a replica with work does them for the pool at the busy pace, and what
+        waits in a queue was announced."""
+        if not self._idle():
+            await asyncio.sleep(busy)
+            return
+        woken = asyncio.Event()
+        self._pausing.add(woken)
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(woken.wait(), timeout=self.idle_health_interval)
+        finally:
+            self._pausing.discard(woken)
 
     async def _step(self, step: Callable[[], Awaitable[None]]) -> None:
         """One pass of a loop's `step`; a failure is logged, and the loop goes on."""
@@ -222,7 +252,7 @@ class Scheduler:
     async def adoption_step(self) -> None:
         """Adopt what replicas that stopped beating held; give up what another replica
         adopted from this one (it stood still past the TTL, and the adopter answers now)."""
-        await self.liveness.adopt(list(self.capacity.workers))
+        await self.liveness.adopt(list(self.capacity.workers), silent=self.liveness.silent)
         await self.runs.disown_left()
         running = list(self.running.items())
         if not running:
@@ -270,6 +300,8 @@ class Scheduler:
         self._last_announced = asyncio.get_running_loop().time()
         self._announced.set()
         self._wake.set()
+        for woken in self._pausing:
+            woken.set()
 
     async def check_workers(self) -> None:
         """Refresh the worker list from the database and measure each worker's load."""
@@ -382,8 +414,9 @@ class Scheduler:
                 dispatched = False
             if not dispatched:
                 self._wake.clear()
+                poll = self.idle_health_interval if self._idle() else IDLE_POLL_SECONDS
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), timeout=IDLE_POLL_SECONDS)
+                    await asyncio.wait_for(self._wake.wait(), timeout=poll)
 
     async def dispatch_once(self) -> bool:
         """Admit at most one generation per pool; True if any was admitted."""
@@ -492,7 +525,9 @@ class Scheduler:
         await pubsub.subscribe(queue.wake_channel(), queue.cancel_channel())
         try:
             while not self._stopping.is_set():
-                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=1.0)
+                message = await pubsub.get_message(
+                    ignore_subscribe_messages=True, timeout=LISTEN_SECONDS
+                )
                 if message is None:
                     continue
                 if message["channel"] == queue.wake_channel():

@@ -1,5 +1,6 @@
-"""An idle scheduler replica costs little: it reads its workers' load at the idle pace until
-work is announced, and reads only the few lines it needs of a worker's /metrics."""
+"""An idle scheduler replica costs little: it reads its workers' load, does its chores and
+looks at the queues at the idle pace until work is announced, and reads only the few lines it
+needs of a worker's /metrics."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from chatsite.redis import sync_redis
 from inference import queue
 from inference.client import _METRICS, parse_metrics
+from inference.scheduler import Scheduler
 
 from .fixtures import register_pool, running_schedulers, wait_for
 
@@ -89,3 +91,45 @@ async def test_an_idle_replica_reads_its_workers_at_the_idle_pace_until_work_is_
             return worker.metrics_reads > reads
 
         await wait_for(read_again, what="a reading once work is announced")
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_an_idle_replicas_chores_and_dispatcher_wait_for_announced_work(
+    fake_workers: Any,
+    settings: Any,
+    housekeeping_passes: list[int],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Busy, a replica does its chores and looks at the queues every second; idle, once per
+    # idle interval (a minute here), or at once when work is announced.
+    settings.SCHEDULER_IDLE_HEALTH_INTERVAL_MS = 60_000
+    looks: list[int] = []
+    real_dispatch = Scheduler.dispatch_once
+
+    async def dispatch_noted(self: Scheduler) -> bool:
+        looks.append(queue.now_ms())
+        return await real_dispatch(self)
+
+    monkeypatch.setattr(Scheduler, "dispatch_once", dispatch_noted)
+    worker = fake_workers()
+    await asyncio.to_thread(register_pool, worker)
+    async with running_schedulers() as [replica]:
+
+        async def first_passes() -> bool:
+            return bool(housekeeping_passes) and bool(looks)
+
+        await wait_for(first_passes, what="the chores and the dispatcher's first passes")
+        passes, looked = len(housekeeping_passes), len(looks)
+        # Past the busy pace (one second) and more: nothing, whatever the machine's pace.
+        await asyncio.sleep(1.5)
+        assert (len(housekeeping_passes), len(looks)) == (passes, looked)
+        assert not replica.running
+
+        await asyncio.to_thread(sync_redis().publish, queue.wake_channel(), "work")
+
+        async def both_again() -> bool:
+            return len(housekeeping_passes) > passes and len(looks) > looked
+
+        await wait_for(
+            both_again, what="the chores and a look at the queues once work is announced"
+        )
