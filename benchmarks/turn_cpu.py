@@ -15,7 +15,10 @@ process's own CPU time (user + system) around each is what is counted:
 - `flush`: `ledger_flush` once per round, divided by the round's answers (the replica's
   batched write of those usage events);
 - `read`: `GET /api/v1/conversations/<id>` of the same conversation, the reference: what any
-  authenticated request through the same stack costs, in the same run.
+  authenticated request through the same stack costs, in the same run;
+- `floor`: `GET /api/v1/generations/<id>` of the answer: the least an authenticated API
+  request through the same stack costs (the key, the middleware, DRF, one row read and
+  serialized), below which no step served by it can go.
 
 `--conversations` conversations take `--turns` turns each, in rounds (one turn of every
 conversation per round, in turn); the first round is a warm-up and not counted. Postgres and
@@ -61,7 +64,7 @@ from benchmarks.common import (  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_turn_bench"
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/11"
-STEPS = ("send", "finish", "flush", "read")
+STEPS = ("send", "finish", "flush", "read", "floor")
 ANSWER = "Sourdough is bread leavened by wild yeast and lactic acid bacteria."
 
 
@@ -198,6 +201,10 @@ def run(
             assert finished, generation_id
             read = into.measure("read", partial(client.get, url))
             assert read.status_code == 200, read.content
+            floor = into.measure(
+                "floor", partial(client.get, f"/api/v1/generations/{generation_id}")
+            )
+            assert floor.status_code == 200, floor.content
         into.measure("flush", ledger_flush, share=len(conversations))
     counted.statements = statements.statements
     facts = {"answers": args.conversations * args.turns}
@@ -245,10 +252,12 @@ def report(args: argparse.Namespace, counted: Counted, facts: dict[str, Any]) ->
         "round, untimed, as Django logs them (BEGIN and COMMIT included)",
     ]
     send_p50 = percentile(counted.cpu["send"], 50)
+    floor_p50 = percentile(counted.cpu["floor"], 50)
     lines += [
         "",
         f"bar (#34): a send costs the edge <= 3 ms of CPU: {send_p50:.2f} ms p50, "
         + ("met" if send_p50 <= 3 else "NOT met"),
+        f"the stack's floor: {floor_p50:.2f} ms p50; a send is {send_p50 / floor_p50:.1f} times it",
     ]
     return "\n".join(lines)
 

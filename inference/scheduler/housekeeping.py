@@ -176,6 +176,8 @@ class Housekeeping:
                 )
                 if not moved:
                     continue
+                # The fallback's dispatchers look now (their queue may have been empty).
+                await self.redis.publish(queue.wake_channel(), fallback.name)
                 route = await sync_to_async(services.generations_route)(
                     generation_ids=list(moved),
                     pool_name=fallback.name,

@@ -53,10 +53,11 @@ from .writer import StreamWriter
 
 logger = logging.getLogger(__name__)
 
-# With nothing to admit, look again after this long at the latest (an idle replica: after its
-# idle interval). New work (the enqueue), a released lease (any replica's) and a worker coming
-# up wake the dispatcher at once; the poll is for what announces itself to nobody: a dead
-# replica's leases lapsing.
+# With nothing to admit, look again after this long at the latest. New work (the enqueue, a
+# move to a fallback), a released lease (any replica's) and a worker coming up wake the
+# dispatcher at once; the poll is for what announces itself to nobody: a dead replica's leases
+# lapsing, which matters only to work waiting for room. So when the last look found every
+# queue with room empty, or the replica is idle, it looks after its idle interval instead.
 IDLE_POLL_SECONDS = 1.0
 # The pace of the chores (housekeeping) and of adoption while the replica has work.
 CHORES_SECONDS = 1.0
@@ -130,6 +131,8 @@ class Scheduler:
         # Per worker that publishes KV cache events: the subscriber following them.
         self.kv_subscribers: dict[int, _Following] = {}
         self._wake = asyncio.Event()
+        # Whether the dispatcher's last look may have left work waiting for room.
+        self._may_wait = True
         self._stopping = asyncio.Event()
         self._loops: list[asyncio.Task[None]] = []
         self.ops = (
@@ -402,6 +405,9 @@ class Scheduler:
 
     async def dispatch_loop(self) -> None:
         while not self._stopping.is_set():
+            # Cleared before the look, not after: a wake-up that comes during it (work
+            # enqueued after its queue was read) is not lost, it makes the next look at once.
+            self._wake.clear()
             try:
                 dispatched = await self.dispatch_once()
             except asyncio.CancelledError:
@@ -413,25 +419,28 @@ class Scheduler:
                 logger.exception("dispatch failed; retrying")
                 dispatched = False
             if not dispatched:
-                self._wake.clear()
-                poll = self.idle_health_interval if self._idle() else IDLE_POLL_SECONDS
+                poll = (
+                    IDLE_POLL_SECONDS
+                    if self._may_wait and not self._idle()
+                    else self.idle_health_interval
+                )
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._wake.wait(), timeout=poll)
 
     async def dispatch_once(self) -> bool:
-        """Admit at most one generation per pool; True if any was admitted."""
+        """Admit at most one generation per pool; True if any was admitted. Notes whether
+        work may be left waiting for room (`_may_wait`): not when every tier of every pool
+        had room and its queue was empty."""
         dispatched = False
+        may_wait = False
+        every_tier = queue.tiers_best_first()
         for pool in self.capacity.pools:
             candidates = await self.capacity.candidates(pool)
-            if not candidates:
-                continue
             # Only the tiers some worker has room for: free answers wait while the headroom
             # kept for paid ones is all that is left.
-            tiers = [
-                tier
-                for tier in queue.tiers_best_first()
-                if any(view.has_room(tier) for view in candidates)
-            ]
+            tiers = [tier for tier in every_tier if any(view.has_room(tier) for view in candidates)]
+            if len(tiers) < len(every_tier):
+                may_wait = True
             if not tiers:
                 continue
             keys = queue.claim_keys(pool, tiers, self.replica_id)
@@ -440,6 +449,7 @@ class Scheduler:
             )
             if not claimed:
                 continue
+            may_wait = True  # the queue had one: it may have more
             # The job comes with its claim: no second round trip to read it.
             generation_id, queue_name, score, flat = claimed
             job = queue.Job.from_fields(dict(zip(flat[::2], flat[1::2], strict=True)))
@@ -469,6 +479,7 @@ class Scheduler:
                     str(job.enqueued_ms),
                     generation_id,
                 )
+        self._may_wait = may_wait
         return dispatched
 
     async def _serve(self, run: Run) -> None:

@@ -5,17 +5,20 @@ needs of a worker's /metrics."""
 from __future__ import annotations
 
 import asyncio
+import threading
 from typing import Any
 
 import pytest
+from asgiref.sync import sync_to_async
 from prometheus_client.parser import text_string_to_metric_families
 
+from accounts.tests.factories import UserFactory
 from chatsite.redis import sync_redis
 from inference import queue
 from inference.client import _METRICS, parse_metrics
 from inference.scheduler import Scheduler
 
-from .fixtures import register_pool, running_schedulers, wait_for
+from .fixtures import register_pool, running_schedulers, send, wait_for
 
 # As vLLM writes it: counters as `_total` and `_created` samples, a family whose name begins
 # with another's (`..._waiting_by_reason`), two engines to sum over, the cache's configuration
@@ -133,3 +136,47 @@ async def test_an_idle_replicas_chores_and_dispatcher_wait_for_announced_work(
         await wait_for(
             both_again, what="the chores and a look at the queues once work is announced"
         )
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_replica_whose_queues_are_empty_looks_again_when_work_comes_not_every_second(
+    fake_workers: Any, settings: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Serving an answer, with nothing else queued: the dispatcher's next look is the next
+    # enqueue's (a minute's poll here), not a poll a second.
+    settings.SCHEDULER_IDLE_HEALTH_INTERVAL_MS = 60_000
+    looks: list[bool] = []
+    real_dispatch = Scheduler.dispatch_once
+
+    async def dispatch_noted(self: Scheduler) -> bool:
+        dispatched = await real_dispatch(self)
+        looks.append(dispatched)
+        return dispatched
+
+    monkeypatch.setattr(Scheduler, "dispatch_once", dispatch_noted)
+    first_token = threading.Event()
+    worker = fake_workers(first_token_gate=first_token)
+    await asyncio.to_thread(register_pool, worker)
+    user = await sync_to_async(UserFactory.create)()
+    async with running_schedulers() as [replica]:
+        try:
+            await send(user, "The first question")
+
+            async def serving_with_empty_queues() -> bool:
+                # Its admission, then a look that found nothing.
+                return bool(replica.running) and looks[-1:] == [False] and True in looks
+
+            await wait_for(serving_with_empty_queues, what="the first answer admitted")
+            looked = len(looks)
+            # Past the busy poll (one second) and more: no look, whatever the machine's pace.
+            await asyncio.sleep(1.5)
+            assert len(looks) == looked
+
+            await send(user, "The second question")
+
+            async def both_on_the_worker() -> bool:
+                return len(worker.requests) == 2
+
+            await wait_for(both_on_the_worker, what="the second answer admitted at once")
+        finally:
+            first_token.set()
