@@ -38,6 +38,7 @@ from .serializers import (
     MessageSerializer,
     SidebarQuerySerializer,
     TurnSerializer,
+    message_data,
 )
 
 TAGS = ["conversations"]
@@ -80,8 +81,8 @@ def _detail(conversation: Conversation) -> dict[str, Any]:
 def _turn(turn: turns.Turn) -> Response:
     generation_id = turn.generation.id
     body = {
-        "user_message": MessageSerializer(turn.user_message).data if turn.user_message else None,
-        "assistant_message": MessageSerializer(turn.assistant_message).data,
+        "user_message": message_data(turn.user_message) if turn.user_message else None,
+        "assistant_message": message_data(turn.assistant_message),
         "current_leaf_id": turn.conversation.current_leaf_id,
         "generation": {
             "id": generation_id,
