@@ -22,7 +22,7 @@ def _same(message: Message) -> None:
 
 
 def test_a_turns_messages_read_the_same_as_the_serializers() -> None:
-    conversation = ConversationFactory()
+    conversation = ConversationFactory.create()
     user_message, placeholder = sent(message_send(conversation=conversation, content="Hi"))
     _same(user_message)
     _same(placeholder)
@@ -34,7 +34,7 @@ def test_a_turns_messages_read_the_same_as_the_serializers() -> None:
 
 
 def test_routes_tool_calls_tools_blocked_answers_and_files_read_the_same() -> None:
-    conversation = ConversationFactory()
+    conversation = ConversationFactory.create()
     user_message, answer = exchange(conversation, "Look it up")
     answer.metadata = {
         "route": {"model": "small", "reason": "high_demand", "notice": "Busy."},
