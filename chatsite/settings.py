@@ -711,7 +711,6 @@ MODERATION_THRESHOLDS: dict[str, dict[str, float | None]] = {
     "profanity": {"block": None, "review": None},
     "harassment": {"block": 0.8, "review": 0.7},
 }
-MODERATION_POLICY_CACHE_SECONDS = env_int("MODERATION_POLICY_CACHE_SECONDS", 30)
 MODERATION_BUILTIN_RULES = env_bool("MODERATION_BUILTIN_RULES", True)
 # Extra rules: [{"category": "S2", "kind": "term" | "regex", "pattern": "...", "score": 1.0}].
 MODERATION_RULES: list[dict[str, object]] = []

@@ -8,8 +8,8 @@ class ModerationConfig(AppConfig):
     def ready(self) -> None:
         from chatsite.catalog import catalog_rows
 
-        from .models import Sanction
+        from .models import CategoryThreshold, Rule, Sanction
 
-        # Whether an account may send is read on every send: kept per process, dropped on
-        # any change to a sanction (`selectors.sanction_blocking`).
-        catalog_rows(Sanction)
+        # Whether an account may send, the thresholds and staff's rules are read on every
+        # send: kept per process, dropped on any change to one of them (`selectors`).
+        catalog_rows(Sanction, CategoryThreshold, Rule)

@@ -1,5 +1,6 @@
-"""Reads of moderation that services, the scheduler and admin share: thresholds (cached
-briefly), staff rules, an account's standing."""
+"""Reads of moderation that services, the scheduler and admin share: thresholds and staff
+rules (kept per process in the catalog, read again after any change to them), an account's
+standing."""
 
 from __future__ import annotations
 
@@ -10,7 +11,6 @@ from datetime import datetime
 from typing import Any
 
 from django.conf import settings
-from django.core.cache import cache
 from django.db.models import Case, Q, Value, When
 from django.utils import timezone
 
@@ -21,9 +21,6 @@ from .models import CategoryThreshold, Rule, Sanction
 from .rules import CompiledRule, compile_rule
 
 logger = logging.getLogger(__name__)
-
-THRESHOLDS_CACHE_KEY = "moderation:thresholds"
-RULES_VERSION_KEY = "moderation:rules-version"
 
 
 @dataclass(frozen=True)
@@ -41,23 +38,24 @@ def _default(category: str) -> Threshold:
 
 
 def thresholds() -> dict[str, Threshold]:
-    """Every category's thresholds: staff's rows over the settings' defaults, cached for
-    `MODERATION_POLICY_CACHE_SECONDS` (a staff change clears the cache at once)."""
-    cached = cache.get(THRESHOLDS_CACHE_KEY)
-    if cached is None:
-        cached = {
-            row.category: (row.block_at, row.review_at) for row in CategoryThreshold.objects.all()
-        }
-        cache.set(THRESHOLDS_CACHE_KEY, cached, settings.MODERATION_POLICY_CACHE_SECONDS)
+    """Every category's thresholds: staff's rows over the settings' defaults. The rows are
+    kept per process in the catalog (`chatsite.catalog`): a staff change is seen by every
+    process at its next check."""
+    rows = CATALOG.get(("moderation-thresholds",), _threshold_rows)
     table = {category: _default(category) for category in CATEGORIES}
-    for category, (block, review) in cached.items():
+    for category, (block, review) in rows.items():
         table[category] = Threshold(block=block, review=review)
     return table
 
 
-def rules_version() -> str:
-    """Changes whenever staff change a rule, so every process reloads them."""
-    return str(cache.get_or_set(RULES_VERSION_KEY, "0", None))
+def _threshold_rows() -> dict[str, tuple[float | None, float | None]]:
+    return {row.category: (row.block_at, row.review_at) for row in CategoryThreshold.objects.all()}
+
+
+def staff_rules() -> tuple[CompiledRule, ...]:
+    """Staff's active rules, compiled: kept per process in the catalog, so the same tuple
+    comes back until a rule changes anywhere (then every process reads them again)."""
+    return CATALOG.get(("moderation-rules",), lambda: tuple(compiled_staff_rules()))
 
 
 def compiled_staff_rules() -> list[CompiledRule]:

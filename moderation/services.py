@@ -15,7 +15,6 @@ from typing import Any
 
 from django.conf import settings
 from django.contrib.auth.models import User
-from django.core.cache import cache
 from django.db import transaction
 from django.utils import timezone
 
@@ -347,7 +346,6 @@ def threshold_set(
             action=AuditEntry.Action.THRESHOLD_CHANGED,
             detail={"category": category, "block_at": block_at, "review_at": review_at},
         )
-        transaction.on_commit(lambda: cache.delete(selectors.THRESHOLDS_CACHE_KEY))
     return row
 
 
@@ -367,7 +365,6 @@ def rule_save(*, rule: Rule, by: User) -> Rule:
                 "is_active": rule.is_active,
             },
         )
-        transaction.on_commit(_bump_rules_version)
     return rule
 
 
@@ -380,8 +377,3 @@ def rule_delete(*, rule: Rule, by: User) -> None:
             detail={"rule": rule.pk, "category": rule.category, "pattern": rule.pattern},
         )
         rule.delete()
-        transaction.on_commit(_bump_rules_version)
-
-
-def _bump_rules_version() -> None:
-    cache.set(selectors.RULES_VERSION_KEY, str(timezone.now().timestamp()), None)

@@ -14,8 +14,6 @@ from django.urls import reverse
 from django_redis import get_redis_connection
 
 from chatsite.tests.ratelimit_window import one_ratelimit_window
-from moderation import selectors
-from moderation.services import threshold_set
 
 
 def stored(key: str) -> bytes:
@@ -56,15 +54,6 @@ def test_counters_stay_integers_that_redis_increments() -> None:
     cache.add("chatsite-count", 1, None)  # no expiry: incremented however slowly
     assert cache.incr("chatsite-count") == 2
     assert stored("chatsite-count") == b"2"
-
-
-def test_moderation_thresholds_read_back_from_the_cache(user: Any) -> None:
-    threshold_set(category="harassment", block_at=0.6, review_at=None, by=user)
-    first = selectors.thresholds()  # from the database, then cached
-    assert json.loads(stored(selectors.THRESHOLDS_CACHE_KEY))["harassment"] == [0.6, None]
-    assert selectors.thresholds() == first
-    assert first["harassment"].block == 0.6 and first["harassment"].review is None
-    assert selectors.rules_version() == selectors.rules_version() == "0"
 
 
 @pytest.mark.django_db

@@ -26,7 +26,6 @@ from inference import queue
 from inference.models import Generation
 from inference.services import generation_finish, pool_named
 from inference.tokens import count_tokens, pool_tokenizer
-from moderation.classifiers import local
 
 from .factories import ConversationFactory, exchange
 
@@ -81,11 +80,10 @@ SEARCH_BUDGET = 1
 
 
 @pytest.fixture(autouse=True)
-def _no_timed_rule_reload(monkeypatch: pytest.MonkeyPatch, own_catalog_version: None) -> None:
-    """The moderation rules are read again every few seconds, whatever the turn: on a slow
-    run that fell due within the measured request now and then (one statement over). So is
-    the catalog, when another process of the suite changes it (`own_catalog_version`)."""
-    monkeypatch.setattr(local, "RULES_REFRESH_SECONDS", 3600.0)
+def _no_foreign_catalog_change(own_catalog_version: None) -> None:
+    """The catalog (plans, pools, moderation's thresholds and rules) is read again when
+    another process of the suite changes it: this test's own version (`own_catalog_version`)
+    keeps such a reload out of the measured request."""
 
 
 @pytest.fixture

@@ -13,7 +13,6 @@ from __future__ import annotations
 import logging
 import re
 import threading
-import time
 from dataclasses import dataclass
 
 from django.conf import settings
@@ -32,8 +31,6 @@ logger = logging.getLogger(__name__)
 _ADDRESSED = re.compile(r"\b(?:you|your|you're|youre|u|ur|yourself)\b")
 ADDRESSED_WEIGHT = 0.75
 UNADDRESSED_WEIGHT = 0.5
-# Staff rules are re-read at most this often per process (and at once after a change).
-RULES_REFRESH_SECONDS = 5.0
 
 
 @dataclass(frozen=True)
@@ -89,8 +86,6 @@ class LocalClassifier(Classifier):
         self._static = self._static_rules()
         self._staff: tuple[CompiledRule, ...] = ()
         self._rule_set = RuleSet.of(self._static)
-        self._staff_version: str | None = None
-        self._checked_at = 0.0
 
     @staticmethod
     def _static_rules() -> tuple[CompiledRule, ...]:
@@ -118,13 +113,14 @@ class LocalClassifier(Classifier):
         profanity.model()
 
     def refresh(self) -> None:
-        now = time.monotonic()
-        version = selectors.rules_version()
-        if version == self._staff_version and now - self._checked_at < RULES_REFRESH_SECONDS:
+        """Staff's rules as the catalog keeps them: the rule set is rebuilt only when they
+        changed (a new tuple, read after a change; the same rules read again while Redis is
+        away are the same rules)."""
+        staff = selectors.staff_rules()
+        if staff is self._staff or staff == self._staff:
             return
-        staff = selectors.compiled_staff_rules()
         with self._lock:
-            self._staff, self._staff_version, self._checked_at = tuple(staff), version, now
+            self._staff = staff
             self._rule_set = RuleSet.of(self._static + self._staff)
 
     def rule_set(self) -> RuleSet:

@@ -157,6 +157,25 @@ def test_a_staff_rule_blocks_at_once(
     assert AuditEntry.objects.filter(action=AuditEntry.Action.RULE_CHANGED).count() == 1
 
 
+def test_thresholds_and_rules_are_kept_per_process_until_staff_change_one(
+    user: User, staff: User
+) -> None:
+    from moderation import selectors
+    from moderation.engine import policy
+    from moderation.models import Rule
+
+    services.threshold_set(category="harassment", block_at=0.6, review_at=None, by=staff)
+    first = policy()  # reads the thresholds and staff's rules, then keeps them
+    with CaptureQueriesContext(connection) as later:
+        assert policy().thresholds == first.thresholds
+    assert len(later) == 0
+    assert first.thresholds["harassment"] == selectors.Threshold(block=0.6, review=None)
+    rule = services.rule_save(rule=Rule(category="S2", kind="term", pattern="zorbing"), by=staff)
+    assert [kept.source for kept in selectors.staff_rules()] == [f"rule:{rule.pk}"]
+    services.rule_delete(rule=rule, by=staff)
+    assert selectors.staff_rules() == ()
+
+
 @pytest.mark.parametrize("action", ["send", "edit", "regenerate"])
 def test_a_suspended_user_is_refused_every_send_until_lifted(
     api_client: APIClient, user: User, staff: User, conversation: Conversation, action: str
