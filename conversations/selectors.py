@@ -23,7 +23,7 @@ from django.db.models import Count, Exists, F, OuterRef, Q, UUIDField
 from django.db.models.expressions import RawSQL
 from django.db.models.functions import Coalesce, Lower
 
-from chatsite import jsonbody
+from chatsite import jsonbody, rows
 from chatsite.errors import NotFound, ServiceError
 
 from .errors import ErrorCode
@@ -53,10 +53,13 @@ def conversation_for_user(
     """
     if not getattr(user, "is_authenticated", False):
         raise NotFound("Conversation not found.")
-    conversations = Conversation.objects.filter(owner_id=user.pk, pk=conversation_id)
-    if not include_deleted:
-        conversations = conversations.filter(deleted_at__isnull=True)
-    conversation = conversations.first()
+    # On every write's way: a fixed statement, not a queryset compiled per call.
+    conversation = rows.one(
+        Conversation,
+        "id = %s AND owner_id = %s" + ("" if include_deleted else " AND deleted_at IS NULL"),
+        # As a queryset's filter would: an id that is no UUID raises ValidationError.
+        [Conversation._meta.pk.get_db_prep_value(conversation_id, connection), user.pk],
+    )
     if conversation is None:
         raise NotFound("Conversation not found.")
     return conversation

@@ -1,0 +1,43 @@
+"""`chatsite.rows.one`: a row read with fixed SQL is the instance the ORM would build."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.forms.models import model_to_dict
+
+from chatsite import rows
+from conversations.models import Conversation, Message
+from conversations.tests.factories import ConversationFactory, exchange
+
+pytestmark = pytest.mark.django_db
+
+
+def _fields(instance: Any) -> dict[str, Any]:
+    return {
+        field.attname: getattr(instance, field.attname)
+        for field in type(instance)._meta.concrete_fields
+    }
+
+
+def test_a_row_reads_as_the_orms_instance_json_fields_included() -> None:
+    conversation = ConversationFactory.create()
+    _, answer = exchange(conversation, "Hello")
+    answer.metadata = {"route": {"model": "small"}, "list": [1, 2]}
+    answer.save()
+
+    read = rows.one(Message, "id = %s", [answer.pk])
+    assert read is not None and not read._state.adding
+    assert _fields(read) == _fields(Message.objects.get(pk=answer.pk))
+    assert read.metadata == {"route": {"model": "small"}, "list": [1, 2]}
+    kept = rows.one(
+        Conversation, "id = %s AND owner_id = %s", [conversation.pk, conversation.owner_id]
+    )
+    assert kept is not None
+    assert model_to_dict(kept) == model_to_dict(Conversation.objects.get(pk=conversation.pk))
+
+
+def test_no_row_is_none() -> None:
+    conversation = ConversationFactory.create()
+    assert rows.one(Conversation, "id = %s AND owner_id = %s", [conversation.pk, -1]) is None
