@@ -1,10 +1,14 @@
-"""One row as a model instance, read with SQL written once instead of a query compiled per call.
+"""Rows read and written with SQL written once, instead of a query compiled per call.
 
-Django compiles a queryset's SQL every time it runs; for the few reads on every request's way
-(a send reads its conversation first) that compilation cost more than the round trip. `one`
-reads a row of a model's table with a fixed statement (its columns from the model, the
-condition from the caller's code, never from input; every value a bound parameter) and builds
-the instance as the ORM would, its fields' converters applied.
+Django compiles a queryset's SQL every time it runs; for the few statements on every request's
+way (a send reads its conversation, inserts its messages and its generation) that compilation
+cost more than the round trip. Names come from the models and the caller's code, never from
+input; every value is a bound parameter.
+
+- `one` reads a row as the instance the ORM would build, its fields' converters applied;
+- `insert_sql` is the INSERT of new instances, one row of values each, prepared as the ORM
+  prepares them; `insert` runs it for one. Neither sends the model's signals (as
+  `bulk_create`), and the primary key must be set (a UUID's default is).
 """
 
 from __future__ import annotations
@@ -56,3 +60,45 @@ def one(model: type[M], where: str, params: Sequence[Any]) -> M | None:
             values[position], model._meta.concrete_fields[position].get_col(""), connection
         )
     return model.from_db(connection.alias, list(names), values)
+
+
+@cache
+def _insert_fields(model: type[models.Model]) -> tuple[Any, ...]:
+    return tuple(field for field in model._meta.concrete_fields if not field.generated)
+
+
+def insert_sql(model: type[M], instances: Sequence[M]) -> tuple[str, list[Any]]:
+    """The INSERT of `instances` (new, of `model`) with its parameters: one row of values
+    each, prepared as the ORM prepares them (`pre_save` fills creation times)."""
+    fields = _insert_fields(model)
+    quote = connection.ops.quote_name
+    row = f"({', '.join(['%s'] * len(fields))})"
+    sql = (
+        f"INSERT INTO {quote(model._meta.db_table)}"  # noqa: S608
+        f" ({', '.join(quote(str(field.column)) for field in fields)})"
+        f" VALUES {', '.join([row] * len(instances))}"
+    )
+    params = [
+        field.get_db_prep_save(field.pre_save(instance, True), connection)
+        for instance in instances
+        for field in fields
+    ]
+    return sql, params
+
+
+def saved(instances: Sequence[models.Model]) -> None:
+    """Mark `instances` as rows of the database, as a save does."""
+    for instance in instances:
+        instance._state.adding = False
+        instance._state.db = connection.alias
+
+
+def insert(instance: M) -> M:
+    """Insert `instance` (new, its primary key set) as one row; returns it, saved."""
+    if instance.pk is None:
+        raise ValueError("rows.insert needs the primary key set")
+    sql, params = insert_sql(type(instance), [instance])
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+    saved([instance])
+    return instance

@@ -27,6 +27,7 @@ from django.db.models import JSONField, QuerySet
 from django.db.models.expressions import RawSQL
 from django.utils import timezone
 
+from chatsite import rows
 from chatsite.errors import ServiceError
 
 from .attachments import attachments_claim, attachments_copy
@@ -187,7 +188,7 @@ def _write_leaf(
             node.current_child = child
             if not node._state.adding:
                 moved.append(node)
-    insert_sql, params = _insert_sql(new)
+    insert_sql, params = rows.insert_sql(Message, new)
     ctes = [f"inserted AS ({insert_sql})"]
     uuid_of = functools.partial(Message._meta.pk.get_db_prep_value, connection=connection)
     messages = connection.ops.quote_name(Message._meta.db_table)
@@ -226,35 +227,8 @@ def _write_leaf(
             "An answer is still being generated in this conversation.",
             status=409,
         )
-    for message in new:
-        message._state.adding = False
-        message._state.db = connection.alias
+    rows.saved(new)
     return branch
-
-
-def _insert_sql(new: list[Message]) -> tuple[str, list[Any]]:
-    """The INSERT of `new` with one row of bound values each, prepared as the ORM prepares
-    them (`pre_save` fills the creation times). The ORM's own compiled insert of several rows
-    passes each column as an array to UNNEST, which cost more to adapt than the rows did."""
-    fields = _insert_fields()
-    quote = connection.ops.quote_name
-    row = f"({', '.join(['%s'] * len(fields))})"
-    sql = (
-        f"INSERT INTO {quote(Message._meta.db_table)}"  # noqa: S608
-        f" ({', '.join(quote(str(field.column)) for field in fields)})"
-        f" VALUES {', '.join([row] * len(new))}"
-    )
-    params = [
-        field.get_db_prep_save(field.pre_save(message, True), connection)
-        for message in new
-        for field in fields
-    ]
-    return sql, params
-
-
-@functools.cache
-def _insert_fields() -> tuple[Any, ...]:
-    return tuple(field for field in Message._meta.concrete_fields if not field.generated)
 
 
 def _placeholder(conversation: Conversation, parent: Message) -> Message:

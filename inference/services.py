@@ -27,7 +27,7 @@ from django.db.models import DateTimeField, F, Model, QuerySet, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from chatsite import logs, tracing
+from chatsite import logs, rows, tracing
 from chatsite.catalog import CATALOG, catalog_changed
 from chatsite.errors import ServiceError
 from chatsite.redis import sync_redis
@@ -131,15 +131,18 @@ def generation_create(
 ) -> Generation:
     """The row of a generation answering the assistant message `message_id`, not yet queued;
     `route_reason` says why `pool` answers if it is not the conversation's."""
-    return Generation.objects.create(
-        message_id=message_id,
-        conversation_id=conversation_id,
-        user=user,
-        pool=pool,
-        tier=tier,
-        priority=tier_priority(tier),
-        max_tokens=max_tokens,
-        route_reason=route_reason,
+    # On every turn's way: a fixed INSERT, not one compiled per call (`chatsite.rows`).
+    return rows.insert(
+        Generation(
+            message_id=message_id,
+            conversation_id=conversation_id,
+            user=user,
+            pool=pool,
+            tier=tier,
+            priority=tier_priority(tier),
+            max_tokens=max_tokens,
+            route_reason=route_reason,
+        )
     )
 
 

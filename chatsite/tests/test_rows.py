@@ -41,3 +41,26 @@ def test_a_row_reads_as_the_orms_instance_json_fields_included() -> None:
 def test_no_row_is_none() -> None:
     conversation = ConversationFactory.create()
     assert rows.one(Conversation, "id = %s AND owner_id = %s", [conversation.pk, -1]) is None
+
+
+def test_an_inserted_row_reads_back_as_the_instance_that_was_inserted() -> None:
+    conversation = ConversationFactory.create()
+    _, placeholder = exchange(conversation, "Hello")
+    fresh = Message(
+        conversation=conversation,
+        parent=placeholder,
+        role=Message.Role.USER,
+        content="Again",
+        metadata={"attachments": ["a.txt"]},
+    )
+    inserted = rows.insert(fresh)
+    assert inserted is fresh and not fresh._state.adding and fresh.created_at is not None
+    assert _fields(Message.objects.get(pk=fresh.pk)) == _fields(fresh)
+
+
+def test_an_insert_needs_its_primary_key() -> None:
+    conversation = ConversationFactory.create()
+    message = Message(conversation=conversation, role=Message.Role.USER, content="x")
+    message.pk = None
+    with pytest.raises(ValueError, match="primary key"):
+        rows.insert(message)
