@@ -96,7 +96,6 @@ class Scheduler:
             self.health_interval, settings.SCHEDULER_IDLE_HEALTH_INTERVAL_MS / 1000
         )
         self._last_announced = -math.inf  # loop time; none yet
-        self._announced = asyncio.Event()
         # Loops pausing at the idle pace (`_pause`): announced work wakes each.
         self._pausing: set[asyncio.Event] = set()
         self.running: dict[str, asyncio.Task[None]] = {}
@@ -280,12 +279,8 @@ class Scheduler:
         while not self._stopping.is_set():
             checked = loop.time()
             await self._step(self.check_workers)
-            self._announced.clear()
-            if not self._idle():
-                await asyncio.sleep(self.health_interval)
-                continue
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._announced.wait(), timeout=self.idle_health_interval)
+            await self._pause(self.health_interval)
+            # Woken early by announced work: still no two readings within `health_interval`.
             await asyncio.sleep(max(0.0, checked + self.health_interval - loop.time()))
 
     def _idle(self) -> bool:
@@ -301,7 +296,6 @@ class Scheduler:
         """Work was announced (new, or room for it): the dispatcher looks at once, and the
         workers' load is read at the busy pace again."""
         self._last_announced = asyncio.get_running_loop().time()
-        self._announced.set()
         self._wake.set()
         for woken in self._pausing:
             woken.set()
