@@ -32,16 +32,17 @@ def _select(model: type[models.Model], where: str) -> tuple[str, tuple[str, ...]
 
 
 @cache
-def _converters(model: type[models.Model]) -> tuple[tuple[int, Any], ...]:
-    """(position, converter) of each field that turns what the database gives into its value
-    (a JSON field's text, say), as the ORM's compiler applies them."""
+def _converters(model: type[models.Model]) -> tuple[tuple[int, Any, Any], ...]:
+    """(position, converter, column) of each field that turns what the database gives into
+    its value (a JSON field's text, say), as the ORM's compiler applies them."""
     found = []
     for position, field in enumerate(model._meta.concrete_fields):
+        column = field.get_col(model._meta.db_table)
         for converter in [
-            *connection.ops.get_db_converters(field.get_col(model._meta.db_table)),
+            *connection.ops.get_db_converters(column),
             *field.get_db_converters(connection),
         ]:
-            found.append((position, converter))
+            found.append((position, converter, column))
     return tuple(found)
 
 
@@ -55,10 +56,8 @@ def one(model: type[M], where: str, params: Sequence[Any]) -> M | None:
     if row is None:
         return None
     values = list(row)
-    for position, converter in _converters(model):
-        values[position] = converter(
-            values[position], model._meta.concrete_fields[position].get_col(""), connection
-        )
+    for position, converter, column in _converters(model):
+        values[position] = converter(values[position], column, connection)
     return model.from_db(connection.alias, list(names), values)
 
 
