@@ -90,7 +90,8 @@ class WorkerModel:
     """A vLLM worker's speed and cache, as calibrated."""
 
     # `--calibrate` on this machine's vLLM CPU worker (SmolLM2-135M, one core), twice:
-    # 49.6 / 40.1 ms a step, 2.5 / 2.9 ms per stream, 1.90 / 1.90 ms per prompt token.
+    # 49.6 / 40.1 ms a step, 2.5 / 2.9 ms per stream, 1.90 / 1.90 ms per prompt token. (Then
+    # `step_ms` was a whole step of one answer; `calibrate` now leaves its one stream out.)
     step_ms: float = 45.0
     step_ms_per_stream: float = 2.7
     prefill_ms_per_token: float = 1.9
@@ -577,9 +578,10 @@ def table(outcomes: list[Outcome], oracles: dict[int, float], target_ms: float) 
     return render([*headers, "decision p50 ms", "p99 ms"], rows)
 
 
-def calibrate(url: str, block_size: int, num_blocks: int) -> WorkerModel:
+def calibrate(url: str, block_size: int, num_blocks: int, streams: int = 16) -> WorkerModel:
     """The model of the worker at `url`, measured: first tokens alone after short and long
-    uncached prompts (prefill), and answers alone and 16 at once (decode)."""
+    uncached prompts (prefill), and answers alone and `streams` at once (decode). A step of
+    one answer is `step_ms + step_ms_per_stream`: the fixed part is what is left of it."""
     from concurrent.futures import ThreadPoolExecutor
 
     import httpx
@@ -594,8 +596,10 @@ def calibrate(url: str, block_size: int, num_blocks: int) -> WorkerModel:
         answer = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=300).json()
         return time.perf_counter() - started, int(answer["usage"]["prompt_tokens"])
 
-    def stream(words: int, max_tokens: int) -> tuple[float, float, int]:
-        """(TTFT, decode time after it, chunks) of one answer to a fresh prompt."""
+    def stream(words: int, max_tokens: int) -> tuple[float, float]:
+        """(TTFT, the median gap between its chunks) of one answer to a fresh prompt: the
+        median, so that the steps in which the worker also read another answer's prompt (on a
+        CPU worker, many times a decode step) do not count as decoding."""
         text = f"{random.random()} " + " ".join(f"w{random.randrange(10**6)}" for _ in range(words))
         body = {
             "model": model,
@@ -605,28 +609,26 @@ def calibrate(url: str, block_size: int, num_blocks: int) -> WorkerModel:
             "stream": True,
         }
         started = time.perf_counter()
-        first = last = 0.0
-        chunks = 0
+        times = []
         with httpx.stream("POST", f"{url}/v1/chat/completions", json=body, timeout=300) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
-                    last = time.perf_counter()
-                    first = first or last
-                    chunks += 1
-        return first - started, last - first, chunks
+                    times.append(time.perf_counter())
+        gaps = sorted(b - a for a, b in itertools.pairwise(times))
+        return times[0] - started, gaps[len(gaps) // 2] if gaps else 0.0
 
     stream(16, 4)  # warm
     short = min(read(20) for _ in range(3))  # about 190 tokens
     long = min(read(150) for _ in range(3))  # about 1,100 tokens
     per_token = max(0.0, (long[0] - short[0]) / (long[1] - short[1])) * 1000
-    _, alone, count = stream(16, 48)
-    step_alone = alone / max(count - 1, 1) * 1000
-    with ThreadPoolExecutor(16) as pool:
-        runs = list(pool.map(lambda _: stream(16, 48), range(16)))
-    step_16 = sum(d / max(n - 1, 1) for _, d, n in runs) / len(runs) * 1000
+    step_alone = stream(16, 48)[1] * 1000
+    with ThreadPoolExecutor(streams) as pool:
+        runs = list(pool.map(lambda _: stream(16, 48), range(streams)))
+    step_many = sum(gap for _, gap in runs) / len(runs) * 1000
+    per_stream = max(0.0, (step_many - step_alone) / max(streams - 1, 1))
     return WorkerModel(
-        step_ms=step_alone,
-        step_ms_per_stream=max(0.0, (step_16 - step_alone) / 15),
+        step_ms=max(0.0, step_alone - per_stream),
+        step_ms_per_stream=per_stream,
         prefill_ms_per_token=per_token,
         block_size=block_size,
         num_blocks=num_blocks,

@@ -76,6 +76,7 @@ from benchmarks.common import (  # noqa: E402
     service_env,
     write_result,
 )
+from benchmarks.emulator.launch import Fleet, process_cpu_seconds, start_fleet  # noqa: E402
 from benchmarks.latency import STAGES, now_ms, server_marks, stages  # noqa: E402
 from benchmarks.openai_api import prepare, start, stop, wait_up  # noqa: E402
 from benchmarks.overhead import cpu_seconds, pids_named, sse_events  # noqa: E402
@@ -454,6 +455,7 @@ class Outcome:
     oracle: float = 0.0
     inside_vllm: dict[str, float] = field(default_factory=dict)
     cpu: CpuUse = field(default_factory=CpuUse)
+    emulator_cpu: float | None = None  # CPU s of the emulated fleet's process meanwhile
 
     @property
     def ok(self) -> list[Answer]:
@@ -470,6 +472,11 @@ class Outcome:
 
     def tokens_per_s(self) -> float:
         return sum(a.tokens for a in self.ok) / self.wall if self.wall else 0.0
+
+    def goodput(self, target_s: float) -> float:
+        """Answers whose first token came within `target_s`, per second of the side."""
+        good = sum(1 for a in self.ok if a.ttft is not None and a.ttft <= target_s)
+        return good / self.wall if self.wall else 0.0
 
     def traced(self) -> list[Answer]:
         return [a for a in self.ok if a.stages]
@@ -635,7 +642,7 @@ def run_side(name: str, args: Any, urls: list[str], trace: list[Conversation], k
     return outcome
 
 
-def table(outcomes: list[Outcome]) -> str:
+def table(outcomes: list[Outcome], target_s: float) -> str:
     rows = [
         [
             o.side,
@@ -646,12 +653,14 @@ def table(outcomes: list[Outcome]) -> str:
             f"{o.ttft_ms(50):,.0f}",
             f"{o.ttft_ms(99):,.0f}",
             f"{o.tokens_per_s():.1f}",
+            f"{o.goodput(target_s):.2f}",
             f"{sum(a.prompt_tokens for a in o.ok) / max(len(o.ok), 1):.0f}",
             " / ".join(str(n) for n in o.per_worker),
             str(len(o.answers) - len(o.ok)),
             " / ".join(f"{o.inside_vllm.get(k, 0):,.0f}" for k in ("ttft", "queue", "prefill")),
             f"{o.inside_vllm.get('preemptions', 0):.0f}",
-            f"{o.cpu.routing:.1f} / {o.cpu.stores:.1f}",
+            f"{o.cpu.routing:.1f} / {o.cpu.stores:.1f}"
+            + ("" if o.emulator_cpu is None else f" / {o.emulator_cpu:.1f}"),
         ]
         for o in outcomes
     ]
@@ -661,12 +670,13 @@ def table(outcomes: list[Outcome]) -> str:
         [
             *headers,
             "out tok/s",
+            "goodput/s",
             "prompt tokens",
             "requests per worker",
             "errors",
             "vLLM mean TTFT / queue / prefill ms",
             "preemptions",
-            "CPU s routing / stores",
+            "CPU s routing / stores (/ emulator)",
         ],
         rows,
     )
@@ -674,7 +684,26 @@ def table(outcomes: list[Outcome]) -> str:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", required=True, help="comma-separated worker URLs")
+    parser.add_argument("--workers", default="", help="comma-separated worker URLs")
+    parser.add_argument(
+        "--emulated",
+        type=int,
+        default=0,
+        help="start this many emulated vLLM workers (benchmarks/emulator, with KV events) "
+        "instead of naming --workers",
+    )
+    parser.add_argument("--profile", default="h100-8b", help="the emulated workers' profile")
+    parser.add_argument("--num-blocks", type=int, default=0, help="emulated KV cache, blocks")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="the emulated fleet's durations times this (a slower fleet, for a machine whose "
+        "routing processes cannot keep up with the real speed)",
+    )
+    parser.add_argument(
+        "--ttft-target", type=float, default=1.0, help="goodput counts first tokens within, s"
+    )
     parser.add_argument("--sides", default=DEFAULT_SIDES)
     parser.add_argument("--conversations", type=int, default=40)
     parser.add_argument("--turns", type=int, default=4)
@@ -719,7 +748,45 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    fleet = None
+    if args.emulated:
+        fleet = start_fleet(
+            [
+                *("--workers", str(args.emulated), "--port", str(free_port_run(args.emulated))),
+                *("--kv-events-port", str(free_port_run(2 * args.emulated))),
+                *("--profile", args.profile, "--time-scale", str(args.time_scale)),
+                *(("--num-blocks", str(args.num_blocks)) if args.num_blocks else ()),
+            ]
+        )
+        args.workers = ",".join(fleet.urls)
+        args.kv_events = ",".join(fleet.kv_events)
+    try:
+        return race(args, fleet)
+    finally:
+        if fleet is not None:
+            fleet.stop()
+
+
+def free_port_run(count: int) -> int:
+    """The first of `count` consecutive free ports."""
+    import socket
+
+    for _ in range(100):
+        first = free_port()
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as probe:
+                    probe.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise SystemExit("no run of free ports")
+
+
+def race(args: argparse.Namespace, fleet: Fleet | None) -> int:
     urls = [u.strip().rstrip("/") for u in args.workers.split(",") if u.strip()]
+    if not urls:
+        raise SystemExit("Name the workers (--workers URL,URL) or start some (--emulated N).")
     args.kv_events = [e.strip() for e in args.kv_events.split(",") if e.strip()]
     if "+events" in args.sides and len(args.kv_events) != len(urls):
         raise SystemExit("a +events side needs --kv-events with one endpoint per worker")
@@ -741,10 +808,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     connections.close_all()
 
     trace = make_trace(args)
-    outcomes = [run_side(name.strip(), args, urls, trace, key) for name in args.sides.split(",")]
+    outcomes = []
+    for name in args.sides.split(","):
+        before = process_cpu_seconds(urls[0]) if fleet is not None else 0.0
+        outcome = run_side(name.strip(), args, urls, trace, key)
+        if fleet is not None:
+            outcome.emulator_cpu = process_cpu_seconds(urls[0]) - before
+        outcomes.append(outcome)
     for outcome in outcomes:
         outcome.oracle = oracle_hit_rate(trace, outcome.ok, outcome.prompts, args)
     loads = [parse_metrics(httpx.get(f"{u}/metrics", timeout=10).text) for u in urls]
+    target = args.ttft_target * (args.time_scale if fleet is not None else 1.0)
     facts = (
         f"router race: {args.conversations} conversations x {args.turns} turns, "
         f"{args.prompts} shared system prompts of ~{args.system_tokens} tokens, "
@@ -759,9 +833,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         + "\noracle: the hit rate of one unlimited cache holding every block sent before, "
         "replaying the side's own prompts and answers"
+        + (
+            f"\nemulated workers (benchmarks/emulator), profile {args.profile}"
+            + (f", every duration x{args.time_scale:g}" if args.time_scale != 1 else "")
+            + "; their KV events followed by the +events sides"
+            if fleet is not None
+            else ""
+        )
+        + f"\ngoodput: answers with a first token within {args.ttft_target:g} s"
+        + (
+            f" (x{args.time_scale:g}: {args.ttft_target * args.time_scale:g} s)"
+            if fleet and args.time_scale != 1
+            else ""
+        )
+        + ", per second of the side"
     )
     speeds = [f"{o.side}: {'; '.join(o.fitted)}" for o in outcomes if o.fitted]
-    report = f"{facts}\n\n{table(outcomes)}"
+    report = f"{facts}\n\n{table(outcomes, target)}"
     if speeds:
         report += "\n\nworkers' speed as the scheduler fitted it:\n" + "\n".join(speeds)
     if args.stages:

@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent.parent
@@ -33,6 +34,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=9100)
     parser.add_argument("--profile", default="cpu-smollm2", choices=sorted(PROFILES))
     parser.add_argument("--num-blocks", type=int, default=0, help="the KV cache's size in blocks")
+    # A profile fitted elsewhere (`emulator_fidelity.py` fits one to a real worker).
+    parser.add_argument("--step-ms", type=float, default=None)
+    parser.add_argument("--decode-ms-per-stream", type=float, default=None)
+    parser.add_argument("--prefill-ms-per-token", type=float, default=None)
+    parser.add_argument("--block-size", type=int, default=None)
     parser.add_argument("--kv-events-port", type=int, default=0, help="0: no KV events")
     parser.add_argument(
         "--time-scale",
@@ -60,6 +66,13 @@ async def serve(args: argparse.Namespace) -> None:
     from .server import Tokens, Worker
 
     profile = profile_named(args.profile).with_blocks(args.num_blocks)
+    fitted = {
+        name: getattr(args, name)
+        for name in ("step_ms", "decode_ms_per_stream", "prefill_ms_per_token", "block_size")
+        if getattr(args, name) is not None
+    }
+    if fitted:
+        profile = replace(profile, name=f"{profile.name}-fitted", **fitted)
     tokens = Tokens(args.model_dir or str(settings.MODEL_DIR))
     runners, publishers, engines = [], [], []
     for number in range(args.workers):

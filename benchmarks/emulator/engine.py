@@ -31,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import random
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -65,6 +66,10 @@ class Request:
     held: list[int] = field(default_factory=list)  # the hashed blocks it holds a reference to
     finished: bool = False
     preemptions: int = 0
+    # Monotonic times: added, first scheduled, first token (0.0: not yet).
+    added_at: float = 0.0
+    scheduled_at: float = 0.0
+    first_token_at: float = 0.0
 
     @property
     def seq_len(self) -> int:
@@ -209,6 +214,7 @@ class Engine:
                 f"{total} tokens do not fit a cache of {self.profile.num_blocks} blocks"
             )
         request = Request(request_id, prompt, output, priority, next(self._arrivals), emit)
+        request.added_at = time.monotonic()
         self.waiting.append(request)
         self._work.set()
         return request
@@ -319,6 +325,8 @@ class Engine:
             if request.computed < request.seq_len:
                 continue  # a chunk of its prompt: no token yet
             request.generated += 1
+            if request.generated == 1:
+                request.first_token_at = time.monotonic()
             self.counters.generation_tokens += 1
             done = request.generated >= len(request.output)
             if done:
@@ -358,6 +366,7 @@ class Engine:
         request.computed = hit * size
         if first:
             request.cached_tokens = request.computed
+            request.scheduled_at = time.monotonic()
             self.counters.prompt_tokens += len(request.prompt)
         self.counters.prefix_queries += request.seq_len
         self.counters.prefix_hits += request.computed

@@ -115,6 +115,16 @@ class Worker:
     stream_interval: int = 1
     ttft: Histogram = field(default_factory=lambda: Histogram(TTFT_BUCKETS))
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    queue_time: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+    prefill_time: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
+
+    def _finished(self, job: Any, started: float) -> None:
+        """An answer is whole: its latencies, as vLLM's histograms count them."""
+        self.e2e.observe(time.monotonic() - started)
+        if job.scheduled_at:
+            self.queue_time.observe(job.scheduled_at - job.added_at)
+            if job.first_token_at:
+                self.prefill_time.observe(job.first_token_at - job.scheduled_at)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -194,7 +204,7 @@ class Worker:
                 if not ids:
                     self.ttft.observe(time.monotonic() - started)
                 ids += more
-            self.e2e.observe(time.monotonic() - started)
+            self._finished(job, started)
             text = "".join(self.tokens.text_of[token] for token in ids)
             return _json_response(answer.whole(text, len(prompt), len(ids), job.cached_tokens))
         finally:
@@ -264,7 +274,7 @@ class Worker:
             text = "".join(self.tokens.text_of[token] for token in pending)
             pending = []
             await response.write(answer.sse(answer.piece(text)))
-        self.e2e.observe(time.monotonic() - started)
+        self._finished(job, started)
         await response.write(answer.sse(answer.piece("", finish_reason="length")))
         if include_usage:
             usage = _usage(len(job.prompt), produced, job.cached_tokens)
@@ -308,6 +318,10 @@ class Worker:
         lines += self.ttft.lines("vllm:time_to_first_token_seconds", labels)
         lines.append("# TYPE vllm:e2e_request_latency_seconds histogram")
         lines += self.e2e.lines("vllm:e2e_request_latency_seconds", labels)
+        lines.append("# TYPE vllm:request_queue_time_seconds histogram")
+        lines += self.queue_time.lines("vllm:request_queue_time_seconds", labels)
+        lines.append("# TYPE vllm:request_prefill_time_seconds histogram")
+        lines += self.prefill_time.lines("vllm:request_prefill_time_seconds", labels)
         # The emulator's own process (every worker it hosts reports the same one).
         lines += [
             "# TYPE process_cpu_seconds_total counter",

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,12 +18,11 @@ import pytest
 import zmq
 from django.conf import settings
 
+from benchmarks.emulator.launch import start_fleet
 from chatsite.testing import budget, wait_until
 from inference.client import parse_metrics
 from inference.scheduler import kv_events
 from inference.tokens import load_tokenizer
-
-from .support import ROOT
 
 SYSTEM = "You are a careful assistant who answers questions about the sea. " * 12
 
@@ -50,29 +48,17 @@ def free_port(count: int = 1) -> int:
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[list[dict[str, Any]]]:
     port, events_port = free_port(2), free_port(4)
-    process = subprocess.Popen(  # noqa: S603 (our own command line)
+    started = start_fleet(
         [
-            sys.executable,
-            *("-m", "benchmarks.emulator", "--workers", "2", "--port", str(port)),
-            *("--kv-events-port", str(events_port), "--profile", "h100-8b"),
-            *("--num-blocks", "4096", "--seed", "3"),
-        ],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
+            *("--workers", "2", "--port", str(port), "--kv-events-port", str(events_port)),
+            *("--profile", "h100-8b", "--num-blocks", "4096", "--seed", "3"),
+        ]
     )
-    assert process.stdout is not None
-    workers = []
     try:
-        for line in process.stdout:
-            if line.strip() == "ready":
-                break
-            workers.append(json.loads(line))
-        assert len(workers) == 2, "the emulator did not start"
-        yield workers
+        assert len(started.workers) == 2
+        yield started.workers
     finally:
-        process.terminate()
-        process.wait(timeout=budget(30))
+        started.stop(timeout=budget(30))
 
 
 def chat(url: str, content: str, **extra: Any) -> dict[str, Any]:

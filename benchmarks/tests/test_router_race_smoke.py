@@ -39,7 +39,8 @@ def test_the_race_plays_the_trace_through_every_kind_of_side(
         row = re.search(
             rf"^{re.escape(side)}\s+(?P<hit>\d\.\d{{3}})\s+(?P<usage>\d\.\d{{3}})\s+"
             r"(?P<oracle>\d\.\d{3})\s+\S+\s+"
-            r"(?P<ttft>[\d,]+)\s+[\d,]+\s+(?P<tps>[\d.]+)\s+\d+\s+(?P<spread>\d+ / \d+)\s+"
+            r"(?P<ttft>[\d,]+)\s+[\d,]+\s+(?P<tps>[\d.]+)\s+(?P<goodput>[\d.]+)\s+\d+\s+"
+            r"(?P<spread>\d+ / \d+)\s+"
             r"(?P<errors>\d+)\s+(?P<vllm_ttft>[\d,]+) / [\d,]+ / [\d,]+\s+\d+\s+"
             r"(?P<routing_cpu>\d+\.\d) / (?P<stores_cpu>\d+\.\d)\s*$",
             report,
@@ -73,3 +74,39 @@ def test_the_race_plays_the_trace_through_every_kind_of_side(
         assert row is not None, report
         assert row["ok"] == "4", report
         assert int(row["traced"]) <= 4, report
+
+
+def test_the_race_runs_on_an_emulated_fleet_with_kv_events(tmp_path: Path) -> None:
+    """`--emulated N` starts its own fleet of emulated workers (no real ones needed), and a
+    `+events` side has the scheduler follow their KV events end to end."""
+    if not (ROOT / ".venv-routers" / "bin" / "vllm-router").exists():
+        pytest.fail("the peer routers are missing (make routers-venv)")
+    done = run_benchmark(
+        "router_race.py",
+        [
+            *("--emulated", "2", "--profile", "h100-8b"),
+            *("--sides", "vllm-router:round_robin,v1:predicted_ttft+events"),
+            *("--conversations", "3", "--turns", "2", "--prompts", "1", "--system-tokens", "140"),
+            *("--max-tokens", "6", "--think", "0", "--rate", "20", "--results", str(tmp_path)),
+        ],
+        database_suffix="_race_emulated_smoke_bench",
+        redis_db=12,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = next(tmp_path.glob("router_race-*.txt")).read_text()
+    assert "emulated workers (benchmarks/emulator), profile h100-8b" in report, report
+    for side in ("vllm-router:round_robin", "v1:predicted_ttft+events"):
+        row = re.search(
+            rf"^{re.escape(side)}\s+(?P<hit>\d\.\d{{3}})\s+(?P<usage>\d\.\d{{3}})\s+"
+            r"\S+\s+\S+\s+[\d,]+\s+[\d,]+\s+[\d.]+\s+(?P<goodput>[\d.]+)\s+\d+\s+"
+            r"(?P<spread>\d+ / \d+)\s+(?P<errors>\d+)\s+.*"
+            r"(?P<routing_cpu>\d+\.\d) / \d+\.\d / (?P<emulator_cpu>\d+\.\d)\s*$",
+            report,
+            re.M,
+        )
+        assert row is not None, report
+        assert row["errors"] == "0", report
+        assert sum(int(n) for n in row["spread"].split(" / ")) == 6, report
+        # Each conversation's second turn finds its first one's blocks (block size 16).
+        assert float(row["usage"]) > 0, report
+        assert float(row["goodput"]) > 0, report
