@@ -76,7 +76,13 @@ from benchmarks.common import (  # noqa: E402
     service_env,
     write_result,
 )
-from benchmarks.emulator.launch import Fleet, process_cpu_seconds, start_fleet  # noqa: E402
+from benchmarks.emulator.launch import (  # noqa: E402
+    Fleet,
+    add_arguments,
+    describe,
+    process_cpu_seconds,
+    start_for,
+)
 from benchmarks.latency import STAGES, now_ms, server_marks, stages  # noqa: E402
 from benchmarks.openai_api import prepare, start, stop, wait_up  # noqa: E402
 from benchmarks.overhead import cpu_seconds, pids_named, sse_events  # noqa: E402
@@ -685,22 +691,7 @@ def table(outcomes: list[Outcome], target_s: float) -> str:
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--workers", default="", help="comma-separated worker URLs")
-    parser.add_argument(
-        "--emulated",
-        type=int,
-        default=0,
-        help="start this many emulated vLLM workers (benchmarks/emulator, with KV events) "
-        "instead of naming --workers",
-    )
-    parser.add_argument("--profile", default="h100-8b", help="the emulated workers' profile")
-    parser.add_argument("--num-blocks", type=int, default=0, help="emulated KV cache, blocks")
-    parser.add_argument(
-        "--time-scale",
-        type=float,
-        default=1.0,
-        help="the emulated fleet's durations times this (a slower fleet, for a machine whose "
-        "routing processes cannot keep up with the real speed)",
-    )
+    add_arguments(parser)
     parser.add_argument(
         "--ttft-target", type=float, default=1.0, help="goodput counts first tokens within, s"
     )
@@ -748,39 +739,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    fleet = None
-    if args.emulated:
-        fleet = start_fleet(
-            [
-                *("--workers", str(args.emulated), "--port", str(free_port_run(args.emulated))),
-                *("--kv-events-port", str(free_port_run(2 * args.emulated))),
-                *("--profile", args.profile, "--time-scale", str(args.time_scale)),
-                *(("--num-blocks", str(args.num_blocks)) if args.num_blocks else ()),
-            ]
-        )
-        args.workers = ",".join(fleet.urls)
+    fleet = start_for(args)
+    if fleet is not None:
         args.kv_events = ",".join(fleet.kv_events)
     try:
         return race(args, fleet)
     finally:
         if fleet is not None:
             fleet.stop()
-
-
-def free_port_run(count: int) -> int:
-    """The first of `count` consecutive free ports."""
-    import socket
-
-    for _ in range(100):
-        first = free_port()
-        try:
-            for port in range(first, first + count):
-                with socket.socket() as probe:
-                    probe.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return first
-    raise SystemExit("no run of free ports")
 
 
 def race(args: argparse.Namespace, fleet: Fleet | None) -> int:
@@ -834,9 +800,7 @@ def race(args: argparse.Namespace, fleet: Fleet | None) -> int:
         + "\noracle: the hit rate of one unlimited cache holding every block sent before, "
         "replaying the side's own prompts and answers"
         + (
-            f"\nemulated workers (benchmarks/emulator), profile {args.profile}"
-            + (f", every duration x{args.time_scale:g}" if args.time_scale != 1 else "")
-            + "; their KV events followed by the +events sides"
+            f"\n{describe(args)}; their KV events followed by the +events sides"
             if fleet is not None
             else ""
         )

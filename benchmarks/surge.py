@@ -60,6 +60,7 @@ from benchmarks.common import (  # noqa: E402
     render,
     write_result,
 )
+from benchmarks.emulator.launch import add_arguments, describe, start_for  # noqa: E402
 from benchmarks.scheduler_affinity import QUESTIONS, SYSTEM_HEAD  # noqa: E402
 
 DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_surge_bench"
@@ -94,7 +95,8 @@ class Outcome:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--workers", required=True, help="comma-separated vLLM worker URLs")
+    parser.add_argument("--workers", default="", help="comma-separated vLLM worker URLs")
+    add_arguments(parser)
     parser.add_argument("--sides", default="even,tiered", help=f"of {', '.join(SIDES)}")
     parser.add_argument("--rounds", type=int, default=1)
     parser.add_argument("--free", type=int, default=60)
@@ -108,6 +110,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--results", default=str(ROOT / "benchmarks" / "results"))
     args = parser.parse_args(argv)
+    if not (args.workers or args.emulated):
+        parser.error("name the workers (--workers URL,URL) or start some (--emulated N)")
     for side in args.sides.split(","):
         if side not in SIDES:
             parser.error(f"unknown side {side!r}")
@@ -416,6 +420,7 @@ async def benchmark(args: argparse.Namespace) -> str:
         f"Surge: {args.free} free + {args.pro} pro sends at once on {len(urls)} worker(s) of "
         f"{args.concurrency} answers each, {args.max_tokens} tokens per answer, "
         f"{args.cancel} free cancelled after 1 s; TTFT in ms from enqueue (scheduler's record)."
+        + (f"\n{describe(args)}." if args.emulated else "")
     )
     return header + "\n\n" + table(outcomes)
 
@@ -431,7 +436,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     settings.SCHEDULER_MAX_QUEUE_SECONDS = args.max_queue
     logging.getLogger("inference").setLevel(logging.WARNING)
     prepare_stores()
-    text = asyncio.run(benchmark(args))
+    fleet = start_for(args)
+    try:
+        text = asyncio.run(benchmark(args))
+    finally:
+        if fleet is not None:
+            fleet.stop()
     print(text)
     path = write_result(Path(args.results), "surge", text)
     print(f"\nwritten to {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")

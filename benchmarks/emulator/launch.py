@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import json
+import socket
 import subprocess
 import sys
 from collections.abc import Sequence
@@ -61,3 +63,61 @@ def process_cpu_seconds(url: str) -> float:
         if line.startswith("process_cpu_seconds_total "):
             return float(line.split()[1])
     return 0.0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """A benchmark's options for running on an emulated fleet instead of `--workers`."""
+    parser.add_argument(
+        "--emulated",
+        type=int,
+        default=0,
+        help="start this many emulated vLLM workers (benchmarks/emulator, with KV events) "
+        "instead of naming --workers",
+    )
+    parser.add_argument("--profile", default="h100-8b", help="the emulated workers' profile")
+    parser.add_argument("--num-blocks", type=int, default=0, help="emulated KV cache, blocks")
+    parser.add_argument(
+        "--time-scale",
+        type=float,
+        default=1.0,
+        help="the emulated fleet's durations times this (a slower fleet, for a machine whose "
+        "routing processes cannot keep up with the real speed)",
+    )
+
+
+def start_for(args: argparse.Namespace) -> Fleet | None:
+    """The fleet `args` ask for (`add_arguments`), with `args.workers` set to its URLs; None
+    when they name real workers."""
+    if not args.emulated:
+        return None
+    fleet = start_fleet(
+        [
+            *("--workers", str(args.emulated), "--port", str(free_ports(args.emulated))),
+            *("--kv-events-port", str(free_ports(2 * args.emulated))),
+            *("--profile", args.profile, "--time-scale", str(args.time_scale)),
+            *(("--num-blocks", str(args.num_blocks)) if args.num_blocks else ()),
+        ]
+    )
+    args.workers = ",".join(fleet.urls)
+    return fleet
+
+
+def describe(args: argparse.Namespace) -> str:
+    scale = f", every duration x{args.time_scale:g}" if args.time_scale != 1 else ""
+    return f"emulated workers (benchmarks/emulator), profile {args.profile}{scale}"
+
+
+def free_ports(count: int) -> int:
+    """The first of `count` consecutive ports free now."""
+    for _ in range(100):
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            first = int(probe.getsockname()[1])
+        try:
+            for port in range(first, first + count):
+                with socket.socket() as sock:
+                    sock.bind(("127.0.0.1", port))
+        except OSError:
+            continue
+        return first
+    raise RuntimeError("no run of free ports")

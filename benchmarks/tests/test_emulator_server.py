@@ -6,7 +6,6 @@ both the scheduler's decoder and vLLM's own classes read."""
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +17,7 @@ import pytest
 import zmq
 from django.conf import settings
 
-from benchmarks.emulator.launch import start_fleet
+from benchmarks.emulator.launch import free_ports, start_fleet
 from chatsite.testing import budget, wait_until
 from inference.client import parse_metrics
 from inference.scheduler import kv_events
@@ -27,27 +26,9 @@ from inference.tokens import load_tokenizer
 SYSTEM = "You are a careful assistant who answers questions about the sea. " * 12
 
 
-def free_port(count: int = 1) -> int:
-    """The first of `count` consecutive ports that are free now."""
-    for _ in range(50):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = int(probe.getsockname()[1])
-        if first + count >= 65535:
-            continue
-        try:
-            for port in range(first, first + count):
-                with socket.socket() as sock:
-                    sock.bind(("127.0.0.1", port))
-        except OSError:
-            continue
-        return first
-    raise RuntimeError("no free ports")
-
-
 @pytest.fixture(scope="module")
 def fleet() -> Iterator[list[dict[str, Any]]]:
-    port, events_port = free_port(2), free_port(4)
+    port, events_port = free_ports(2), free_ports(4)
     started = start_fleet(
         [
             *("--workers", "2", "--port", str(port), "--kv-events-port", str(events_port)),

@@ -47,3 +47,27 @@ def test_the_surge_is_played_on_both_sides(real_workers: list[RealWorker], tmp_p
         assert int(ended.get("cancelled", 0)) == int(row["waiting"]) + int(row["reached"]), report
         assert int(row["unloaded"].replace(",", "")) > 0 and float(row["ratio"]) > 0, report
         assert int(row["alone"].replace(",", "")) > 0 and float(row["alone_ratio"]) > 0, report
+
+
+def test_the_surge_runs_on_an_emulated_fleet(tmp_path: Path) -> None:
+    """`--emulated N` starts its own fleet (no real workers needed), ten times slower than the
+    profile so that the bursts overlap the answers."""
+    done = run_benchmark(
+        "surge.py",
+        [
+            *("--emulated", "2", "--profile", "h100-8b", "--time-scale", "10"),
+            *("--sides", "tiered", "--free", "6", "--pro", "2", "--cancel", "2"),
+            *("--unloaded", "2", "--concurrency", "2", "--max-tokens", "8"),
+            *("--results", str(tmp_path)),
+        ],
+        database_suffix="_surge_emulated_smoke_bench",
+        redis_db=5,
+    )
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    report = next(tmp_path.glob("surge-*.txt")).read_text()
+    assert "emulated workers (benchmarks/emulator), profile h100-8b, every duration x10" in report
+    row = re.search(
+        r"^tiered\s+1\s+[\d,]+ / [\d,]+\s+.*?\s(?P<pro_ended>complete=\d+)\s", report, re.M
+    )
+    assert row is not None, report
+    assert row["pro_ended"] == "complete=2", report
