@@ -22,6 +22,13 @@ def percentile(values: Sequence[float], q: float) -> float:
     return ordered[low] + (ordered[high] - ordered[low]) * (position - low)
 
 
+def ratio(value: float, reference: float) -> str:
+    """`value / reference` for a table, or "-" where either is missing (zero or NaN)."""
+    if not reference or value != value or reference != reference:
+        return "-"
+    return f"{value / reference:.2f}"
+
+
 def render(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
     """A plain-text table: first column left-aligned, the others right-aligned."""
     widths = [max(len(str(row[i])) for row in [headers, *rows]) for i in range(len(headers))]

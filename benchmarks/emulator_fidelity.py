@@ -34,7 +34,7 @@ import httpx
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import free_port, percentile, render, write_result  # noqa: E402
+from benchmarks.common import free_port, percentile, ratio, render, write_result  # noqa: E402
 from benchmarks.emulator.launch import Fleet, process_cpu_seconds, start_fleet  # noqa: E402
 from benchmarks.fleet_sim import WorkerModel, calibrate  # noqa: E402
 from inference.client import parse_metrics  # noqa: E402
@@ -130,10 +130,6 @@ def start_emulator(model: WorkerModel, served: str, port: int) -> Fleet:
             *("--prefill-ms-per-token", f"{model.prefill_ms_per_token:.4f}"),
         ]
     )
-
-
-def ratio(a: float, b: float) -> str:
-    return f"{a / b:.2f}" if b else "-"
 
 
 def report(levels: list[Level], fitted: WorkerModel, facts: str) -> tuple[str, bool]:

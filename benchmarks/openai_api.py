@@ -59,6 +59,7 @@ from benchmarks.common import (  # noqa: E402
     free_port,
     percentile,
     prepare_stores,
+    ratio,
     render,
     service_env,
     write_result,
@@ -285,10 +286,6 @@ def ms(seconds: float) -> str:
 
 def num(value: float) -> str:
     return "-" if value != value else f"{value:.1f}"
-
-
-def ratio(path: float, direct: float) -> str:
-    return "-" if not direct or path != path or direct != direct else f"{path / direct:.2f}"
 
 
 def table(levels: list[tuple[Level, Level]]) -> str:

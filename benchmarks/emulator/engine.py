@@ -299,14 +299,13 @@ class Engine:
         self.waiting.sort(key=Request.order)
         while self.waiting and budget > 0 and len(self.running) < self.profile.max_num_seqs:
             request = self.waiting[0]
-            hit = self._lookup(request)
+            self._lookup(request)
             tokens = min(request.seq_len - request.computed, budget)
             if not self._grow(request, tokens):
+                self._unlookup(request)
                 victims = [r for r in self.running if r.order() > request.order()]
                 if not victims:
-                    self._unlookup(request, hit)
                     break
-                self._unlookup(request, hit)
                 self._preempt(max(victims, key=Request.order))
                 continue
             self.waiting.pop(0)
@@ -341,18 +340,20 @@ class Engine:
     def _block_hash(self, parent: int | None, tokens: Sequence[int]) -> int:
         return hash((self.salt, parent, tuple(tokens))) & 0x7FFF_FFFF_FFFF_FFFF
 
-    def _hashes_upto(self, request: Request, blocks: int) -> list[int]:
+    def _block_tokens(self, request: Request, number: int) -> list[int]:
         size = self.profile.block_size
+        return [request.token(i) for i in range(number * size, (number + 1) * size)]
+
+    def _hashes_upto(self, request: Request, blocks: int) -> list[int]:
         while len(request.hashes) < blocks:
             number = len(request.hashes)
             parent = request.hashes[-1] if request.hashes else None
-            tokens = [request.token(i) for i in range(number * size, (number + 1) * size)]
-            request.hashes.append(self._block_hash(parent, tokens))
+            request.hashes.append(self._block_hash(parent, self._block_tokens(request, number)))
         return request.hashes[:blocks]
 
-    def _lookup(self, request: Request) -> int:
+    def _lookup(self, request: Request) -> None:
         """Admit from the cache the request's leading full blocks it holds (all but its last
-        token may come from there); returns the blocks taken."""
+        token may come from there)."""
         size = self.profile.block_size
         first = request.cached_tokens < 0
         hit = 0
@@ -370,9 +371,8 @@ class Engine:
             self.counters.prompt_tokens += len(request.prompt)
         self.counters.prefix_queries += request.seq_len
         self.counters.prefix_hits += request.computed
-        return hit
 
-    def _unlookup(self, request: Request, hit: int) -> None:
+    def _unlookup(self, request: Request) -> None:
         """Not admitted after all: give back the cached blocks `_lookup` took."""
         self.pool.release(request.held, 0)
         self.counters.prefix_queries -= request.seq_len
@@ -397,8 +397,7 @@ class Engine:
         hashes = self._hashes_upto(request, full_now)
         for number in range(max(full_before, len(request.held)), full_now):
             parent = hashes[number - 1] if number else None
-            tokens = [request.token(i) for i in range(number * size, (number + 1) * size)]
-            self.pool.fill(hashes[number], parent, tokens)
+            self.pool.fill(hashes[number], parent, self._block_tokens(request, number))
             request.held.append(hashes[number])
 
     def _free(self, request: Request) -> None:

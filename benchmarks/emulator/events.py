@@ -83,7 +83,6 @@ class EventPublisher:
         self.topic = b""
         self.buffer: deque[tuple[int, bytes]] = deque(maxlen=BUFFER_STEPS)
         self.numbers = itertools.count()
-        self.published = 0
         self._replayer: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -96,7 +95,6 @@ class EventPublisher:
         # PUB never blocks: a slow or absent subscriber loses it and asks for a replay.
         with contextlib.suppress(zmq.Again):
             self.pub.send_multipart((self.topic, seq.to_bytes(8, "big"), payload), zmq.NOBLOCK)
-        self.published += 1
 
     async def _serve_replays(self) -> None:
         while True:

@@ -109,10 +109,10 @@ def describe(args: argparse.Namespace) -> str:
 
 def free_ports(count: int) -> int:
     """The first of `count` consecutive ports free now."""
+    from benchmarks.common import free_port
+
     for _ in range(100):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            first = int(probe.getsockname()[1])
+        first = free_port()
         try:
             for port in range(first, first + count):
                 with socket.socket() as sock:

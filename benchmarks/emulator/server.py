@@ -97,6 +97,17 @@ class Histogram:
         return out
 
 
+@dataclass(frozen=True)
+class Wanted:
+    """A request as read: its prompt, the answer it will get, and how."""
+
+    prompt: list[int]
+    output: list[int]
+    stream: bool
+    include_usage: bool
+    priority: int
+
+
 class BadRequest(Exception):
     def __init__(self, message: str, status: int = 400) -> None:
         super().__init__(message)
@@ -117,14 +128,6 @@ class Worker:
     e2e: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
     queue_time: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
     prefill_time: Histogram = field(default_factory=lambda: Histogram(E2E_BUCKETS))
-
-    def _finished(self, job: Any, started: float) -> None:
-        """An answer is whole: its latencies, as vLLM's histograms count them."""
-        self.e2e.observe(time.monotonic() - started)
-        if job.scheduled_at:
-            self.queue_time.observe(job.scheduled_at - job.added_at)
-            if job.first_token_at:
-                self.prefill_time.observe(job.first_token_at - job.scheduled_at)
 
     def app(self) -> web.Application:
         app = web.Application()
@@ -174,7 +177,7 @@ class Worker:
             body = _decode.decode(await request.read())
             if not isinstance(body, dict):
                 raise BadRequest("The request body must be a JSON object.")
-            prompt, output, stream, include_usage = self._read(body, chat=chat)
+            wanted = self._read(body, chat=chat)
         except (msgspec.DecodeError, UnicodeDecodeError):
             return _error(400, "The request body is not valid JSON.")
         except BadRequest as exc:
@@ -184,19 +187,19 @@ class Worker:
         started = time.monotonic()
         try:
             job = self.engine.add(
-                answer.id,
-                prompt,
-                output,
+                answer.request_id,
+                wanted.prompt,
+                wanted.output,
                 lambda ids, done: queue.put_nowait((ids, done)),
-                priority=int(body.get("priority") or 0),
+                priority=wanted.priority,
             )
         except CacheFull as exc:
             return _error(400, str(exc))
-        except (TypeError, ValueError):
-            return _error(400, "priority must be an integer.")
         try:
-            if stream:
-                return await self._stream(request, answer, job, queue, include_usage, started)
+            if wanted.stream:
+                return await self._stream(
+                    request, answer, job, queue, wanted.include_usage, started
+                )
             ids: list[int] = []
             done = False
             while not done:
@@ -206,12 +209,14 @@ class Worker:
                 ids += more
             self._finished(job, started)
             text = "".join(self.tokens.text_of[token] for token in ids)
-            return _json_response(answer.whole(text, len(prompt), len(ids), job.cached_tokens))
+            return _json_response(
+                answer.whole(text, len(wanted.prompt), len(ids), job.cached_tokens)
+            )
         finally:
             # A client gone (the handler cancelled) aborts the request, as vLLM does.
             self.engine.abort(job)
 
-    def _read(self, body: dict[str, Any], *, chat: bool) -> tuple[list[int], list[int], bool, bool]:
+    def _read(self, body: dict[str, Any], *, chat: bool) -> Wanted:
         if body.get("model") not in (None, self.served_model):
             raise BadRequest(f"The model `{body.get('model')}` does not exist.", status=404)
         if chat:
@@ -233,19 +238,28 @@ class Worker:
                 f"This model's maximum context length is {self.max_model_len} tokens. However, "
                 f"your request has {len(prompt)} input tokens."
             )
-        wanted = body.get("max_completion_tokens") or body.get("max_tokens")
-        if wanted is None:
-            wanted = min(self.default_max_tokens, room)
-        if not isinstance(wanted, int) or wanted < 1:
+        length = body.get("max_completion_tokens") or body.get("max_tokens")
+        if length is None:
+            length = min(self.default_max_tokens, room)
+        if not isinstance(length, int) or length < 1:
             raise BadRequest("max_tokens must be a positive integer.")
-        if wanted > room:
+        if length > room:
             raise BadRequest(
-                f"max_tokens is too large: {wanted}. This model's maximum context length is "
+                f"max_tokens is too large: {length}. This model's maximum context length is "
                 f"{self.max_model_len} tokens and your request has {len(prompt)} input tokens."
             )
+        try:
+            priority = int(body.get("priority") or 0)
+        except (TypeError, ValueError):
+            raise BadRequest("priority must be an integer.") from None
         options = body.get("stream_options") or {}
-        include_usage = bool(isinstance(options, dict) and options.get("include_usage"))
-        return prompt, self.tokens.answer(prompt, wanted), bool(body.get("stream")), include_usage
+        return Wanted(
+            prompt=prompt,
+            output=self.tokens.answer(prompt, length),
+            stream=bool(body.get("stream")),
+            include_usage=bool(isinstance(options, dict) and options.get("include_usage")),
+            priority=priority,
+        )
 
     async def _stream(
         self,
@@ -284,6 +298,14 @@ class Worker:
         return response
 
     # Metrics
+
+    def _finished(self, job: Any, started: float) -> None:
+        """An answer is whole: its latencies, as vLLM's histograms count them."""
+        self.e2e.observe(time.monotonic() - started)
+        if job.scheduled_at:
+            self.queue_time.observe(job.scheduled_at - job.added_at)
+            if job.first_token_at:
+                self.prefill_time.observe(job.first_token_at - job.scheduled_at)
 
     def metrics_text(self, process_cpu: Callable[[], float] = time.process_time) -> str:
         engine, counters = self.engine, self.engine.counters
@@ -343,10 +365,6 @@ class Answer:
     model: str
     request_id: str
     created: int = field(default_factory=lambda: int(time.time()))
-
-    @property
-    def id(self) -> str:
-        return self.request_id
 
     def chunk(
         self, delta: dict[str, Any] | None, *, usage: dict[str, Any] | None = None
