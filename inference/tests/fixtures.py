@@ -218,6 +218,21 @@ class RealWorker:
         return parse_metrics(httpx.get(f"{self.url}/metrics", timeout=budget(30)).text)
 
 
+def aborted_in_vllm(workers: list[RealWorker], generation_id: object) -> bool:
+    """Whether vLLM aborted the request of `generation_id` (its request id carries it): read
+    from the log of the workers this run started, whichever of them served it. Workers a
+    development run reuses have no log here: then none of them runs anything any more."""
+    if all(worker.log is not None for worker in workers):
+        needle = str(generation_id)
+        return any(
+            "Aborted request" in line and needle in line
+            for worker in workers
+            if worker.log is not None
+            for line in worker.log.read_text(errors="replace").splitlines()
+        )
+    return all(worker.metrics().running == 0 for worker in workers)
+
+
 def _start_real_workers(count: int, log_dir: Path) -> list[RealWorker]:
     if (
         not Path(settings.WORKER_PYTHON).exists()
