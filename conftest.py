@@ -138,6 +138,15 @@ def own_catalog_version(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _fresh_moderation_memo() -> None:
+    """Each test scores its texts afresh: scores a backend gave in an earlier test (another
+    backend patched in, say) are not reused (`moderation.engine.SCORES`)."""
+    from moderation.engine import SCORES
+
+    SCORES.clear()
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hashing(settings: Any) -> None:
     """Real hashing costs ~1 s a user; the suite tests our code, not PBKDF2."""
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]

@@ -717,6 +717,9 @@ MODERATION_RULES: list[dict[str, object]] = []
 # Streamed answers are checked on a window of about this many tokens (4 characters each),
 # overlapping the previous window by this many, and once more whole at the end.
 MODERATION_WINDOW_TOKENS = env_int("MODERATION_WINDOW_TOKENS", 200)
+# Scores kept per process for texts that come back (a /v1 conversation's earlier messages and
+# system prompt, checked again with every turn): entries of ~0.3 KB, keyed by a digest.
+MODERATION_MEMO_ENTRIES = env_int("MODERATION_MEMO_ENTRIES", 4096)
 MODERATION_WINDOW_OVERLAP_TOKENS = env_int("MODERATION_WINDOW_OVERLAP_TOKENS", 50)
 MODERATION_RETRACT_NOTICE = os.environ.get(
     "MODERATION_RETRACT_NOTICE", "This answer was withdrawn because it broke the content policy."

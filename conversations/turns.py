@@ -235,10 +235,12 @@ def _queued_turn(
     params: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
     tool_choice: str | dict[str, Any] | None = None,
+    parts: Sequence[str] = (),
 ) -> Turn:
     """Run `write` (the tree change) and start its generation, once per idempotency key.
 
-    `content` is the new user text the turn adds (None when it adds none, as a regenerate).
+    `content` is the new user text the turn adds (None when it adds none, as a regenerate);
+    `parts`, what it is made of when it is a `/v1` request's (`_client_parts`).
     `max_tokens` (at most the plan's) and `params` (sampling: temperature, top_p, stop) are
     the caller's wishes for the answer; `tools` and `tool_choice` a `/v1` client's own tools
     (`generation_start`).
@@ -248,6 +250,7 @@ def _queued_turn(
         "params": params,
         "tools": tools,
         "tool_choice": tool_choice,
+        "parts": parts,
     }
     return _once_per_key(
         user=user,
@@ -310,6 +313,7 @@ def _write_and_start(
     params: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
     tool_choice: str | dict[str, Any] | None = None,
+    parts: Sequence[str] = (),
 ) -> Turn:
     # Moderation (issue 6), before anything is written or reserved: a suspended account is
     # refused every send, and a blocked text costs nothing and never reaches a worker. The
@@ -324,7 +328,7 @@ def _write_and_start(
     # A conversation written together with this turn has no row yet: a flag made before it
     # has none to point at (as after the conversation is removed on a refusal).
     saved = None if conversation._state.adding else conversation
-    verdict = _moderate_input(user=user, conversation=saved, content=content)
+    verdict = _moderate_input(user=user, conversation=saved, content=content, parts=parts)
     generation: Generation | None = None
     try:
         with services.turn_transaction():
@@ -402,14 +406,24 @@ def _accept(
 
 
 def _moderate_input(
-    *, user: User, conversation: Conversation | None, content: str | None
+    *,
+    user: User,
+    conversation: Conversation | None,
+    content: str | None,
+    parts: Sequence[str] = (),
 ) -> Verdict | None:
     """Step 2: the new text checked before anything is written or reserved (a blocked one
-    raises); the verdict, which may ask for review, or None when nothing was checked."""
-    if content is None or not content.strip() or len(content) > settings.MESSAGE_MAX_CHARS:
+    raises); the verdict, which may ask for review, or None when nothing was checked.
+
+    A message too long to send is refused by its write, unchecked. A `/v1` request's text
+    is checked in its `parts`, every one of them, however long the whole."""
+    unchecked = content is None or not content.strip() or len(content) > settings.MESSAGE_MAX_CHARS
+    if not parts and unchecked:
         return None
     with tracing.span("turn.moderate_input"):
-        return moderation_check_input(user=user, conversation=conversation, content=content)
+        return moderation_check_input(
+            user=user, conversation=conversation, content=content or "", parts=parts
+        )
 
 
 def _flag_for_review(
@@ -676,7 +690,7 @@ def turn_unkept(
                 user=user,
                 conversation=conversation,
                 branch=written.branch[:-1],
-                content=_client_text(system_prompt, messages),
+                parts=_client_parts(system_prompt, messages),
                 max_tokens=max_tokens,
                 params=params,
                 tools=tools,
@@ -694,10 +708,10 @@ def turn_unkept(
     )
 
 
-def _client_text(system_prompt: str, messages: Sequence[services.BranchTurn]) -> str:
-    """All the text a `/v1` request carries: the client's own, never checked before, so all
-    of it is new to the input checks."""
-    return "\n\n".join(part for part in [system_prompt, *(m[1] for m in messages)] if part)
+def _client_parts(system_prompt: str, messages: Sequence[services.BranchTurn]) -> tuple[str, ...]:
+    """All the text a `/v1` request carries, by part: the client's own, so all of it goes to
+    the input checks, which remember the parts that come back with every turn."""
+    return tuple(part for part in [system_prompt, *(m[1] for m in messages)] if part.strip())
 
 
 @tracing.traced("turn")
@@ -706,14 +720,15 @@ def _unkept_start(
     user: User,
     conversation: Conversation,
     branch: Sequence[Message],
-    content: str,
+    parts: tuple[str, ...],
     max_tokens: int | None,
     params: dict[str, Any] | None,
     tools: list[dict[str, Any]] | None,
     tool_choice: str | dict[str, Any] | None,
 ) -> UnkeptGeneration:
+    content = "\n\n".join(parts)
     accepted = _accept(user=user, conversation=conversation, content=content, max_tokens=max_tokens)
-    verdict = _moderate_input(user=user, conversation=None, content=content)
+    verdict = _moderate_input(user=user, conversation=None, content=content, parts=parts)
     prepared = _prepare(
         user=user,
         conversation=conversation,
@@ -737,7 +752,8 @@ def _unkept_start(
         may_fall_back=False,
         route=_auto_route(accepted.choice),
     )
-    _flag_for_review(user=user, verdict=verdict, conversation=None, message=None, excerpt=content)
+    excerpt = parts[verdict.part] if verdict is not None and parts else content
+    _flag_for_review(user=user, verdict=verdict, conversation=None, message=None, excerpt=excerpt)
     return generation
 
 
@@ -804,6 +820,7 @@ def turn_from_messages(
     # The conversation is written with the turn, in its transaction: a refusal before or in
     # it leaves nothing behind; a failure after it (recording a flag for review, or the
     # idempotency key's result) removes it.
+    parts = _client_parts(system_prompt, messages)
     conversation = services.conversation_new(
         owner=user,
         model=model or None,
@@ -823,7 +840,8 @@ def turn_from_messages(
             user=user,
             conversation=conversation,
             write=write,
-            content=_client_text(system_prompt, messages),
+            content="\n\n".join(parts),
+            parts=parts,
             idempotency_key=idempotency_key,
             request=_messages_request(
                 model, system_prompt, messages, max_tokens, params, tools, tool_choice

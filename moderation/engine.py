@@ -3,12 +3,22 @@
 `policy()` gathers what a check needs from the database (thresholds, each backend's
 `refresh`); `evaluate()` then runs without the database, so the scheduler can run it off its
 event loop in any thread.
+
+A `/v1` request carries its whole conversation each time: the same system prompt and the
+earlier messages come back with every turn. `evaluate_parts` checks such a text part by part,
+and a backend whose scores depend on the text alone (`Classifier.memo_key`) is not asked again
+for a part it scored before: its scores are kept in `SCORES`, a bounded LRU keyed by a digest
+of the part (never the text itself). Thresholds are applied to them afresh each time.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
+import threading
 import time
+from collections import OrderedDict
+from collections.abc import Hashable, Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -38,6 +48,8 @@ class Verdict:
     backends: list[str]
     failed: list[str] = field(default_factory=list)
     seconds: float = 0.0
+    # For a text checked in parts (`evaluate_parts`): the index of the part that decided.
+    part: int = 0
 
     @property
     def is_blocked(self) -> bool:
@@ -97,16 +109,73 @@ def decide(scores: Scores, thresholds: dict[str, Threshold]) -> tuple[list[str],
     return blocked, review
 
 
-def evaluate(text: str, policy: Policy, *, stop_at_block: bool = True) -> Verdict:
+class ScoreMemo:
+    """The scores backends gave to texts, by (the backend's `memo_key`, a digest of the
+    text), the least recently used dropped past `size`. Shared by the threads of a process."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._scores: OrderedDict[tuple[Hashable, bytes], Scores] = OrderedDict()
+        self._lock = threading.Lock()
+
+    @staticmethod
+    def digest(text: str) -> bytes:
+        return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+    def get(self, key: tuple[Hashable, bytes]) -> Scores | None:
+        with self._lock:
+            scores = self._scores.get(key)
+            if scores is not None:
+                self._scores.move_to_end(key)
+            return scores
+
+    def put(self, key: tuple[Hashable, bytes], scores: Scores) -> None:
+        with self._lock:
+            self._scores[key] = scores
+            self._scores.move_to_end(key)
+            while len(self._scores) > self.size:
+                self._scores.popitem(last=False)
+
+    def clear(self) -> None:
+        with self._lock:
+            self._scores.clear()
+
+    def __len__(self) -> int:
+        return len(self._scores)
+
+
+SCORES = ScoreMemo(settings.MODERATION_MEMO_ENTRIES)
+
+
+def _scores(classifier: Classifier, text: str, digest: bytes | None) -> Scores:
+    """`classifier`'s scores for `text`, from `SCORES` when it scored the same text before
+    (`digest` given, and the backend's scores depend on the text alone)."""
+    memo_key = classifier.memo_key() if digest is not None else None
+    if memo_key is None or digest is None:
+        return clamp(classifier.classify(text))
+    key = ((classifier.name, memo_key), digest)
+    scores = SCORES.get(key)
+    if scores is None:
+        scores = clamp(classifier.classify(text))
+        SCORES.put(key, scores)
+    return scores
+
+
+def evaluate(
+    text: str, policy: Policy, *, stop_at_block: bool = True, memo: bool = False
+) -> Verdict:
     """Run the chain on `text`. A backend that fails is logged and named in `failed`; a
-    later backend is skipped once the text is already blocked (when `stop_at_block`)."""
+    later backend is skipped once the text is already blocked (when `stop_at_block`). With
+    `memo`, scores a backend gave the same text before are reused (`SCORES`): for texts that
+    come back, such as a conversation's earlier messages, not for ones seen once."""
     started = time.perf_counter()
+    digest = ScoreMemo.digest(text) if memo else None
     merged: Scores = {}
     ran: list[str] = []
     failed: list[str] = []
     for classifier in policy.classifiers:
         try:
-            scores = clamp(classifier.classify(text))
+            scores = _scores(classifier, text, digest)
         except ClassifierError as exc:
             logger.warning("moderation backend %s failed: %s", classifier.name, exc)
             failed.append(classifier.name)
@@ -128,4 +197,38 @@ def evaluate(text: str, policy: Policy, *, stop_at_block: bool = True) -> Verdic
         backends=ran,
         failed=failed,
         seconds=time.perf_counter() - started,
+    )
+
+
+def evaluate_parts(parts: Sequence[str], policy: Policy) -> Verdict:
+    """`evaluate` for a text made of parts (a `/v1` request's system prompt and messages),
+    each checked on its own with `memo`: a part is judged by what it says, not diluted by a
+    long system prompt beside it, and one checked in an earlier turn costs a lookup. The
+    verdict's scores are the highest any part reached; its `part` is the one that decided:
+    the first blocked (the checks stop there), else the first asking for review, else 0."""
+    started = time.perf_counter()
+    verdicts: list[Verdict] = []
+    for part in parts:
+        verdicts.append(evaluate(part, policy, memo=True))
+        if verdicts[-1].is_blocked:
+            break
+    if not verdicts:
+        return evaluate("", policy)
+    merged: Scores = {}
+    for verdict in verdicts:
+        for category, score in verdict.scores.items():
+            merged[category] = max(score, merged.get(category, 0.0))
+    blocked, review = decide(merged, policy.thresholds)
+    deciding = next(
+        (i for i, verdict in enumerate(verdicts) if verdict.is_blocked),
+        next((i for i, verdict in enumerate(verdicts) if verdict.needs_review), 0),
+    )
+    return Verdict(
+        scores=merged,
+        blocked=blocked,
+        review=review,
+        backends=list(dict.fromkeys(name for v in verdicts for name in v.backends)),
+        failed=list(dict.fromkeys(name for v in verdicts for name in v.failed)),
+        seconds=time.perf_counter() - started,
+        part=deciding,
     )

@@ -10,6 +10,7 @@ own, so it survives the refusal.
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -53,13 +54,23 @@ def moderation_ensure_can_send(*, user: User) -> None:
     )
 
 
-def moderation_check_input(*, user: User, conversation: Any, content: str) -> Verdict | None:
+def moderation_check_input(
+    *, user: User, conversation: Any, content: str, parts: Sequence[str] = ()
+) -> Verdict | None:
     """Check a user's new text. Blocked: a flag is recorded and `content_blocked` raised with
     the categories. Returns the verdict (it may ask for review) or None when input checks
-    are off."""
+    are off.
+
+    `parts`, when given, are what `content` is made of (a `/v1` request's system prompt and
+    messages): each is checked on its own (`engine.evaluate_parts`), and the flag of a
+    blocked text quotes the part that decided (`Verdict.part`)."""
     if not settings.MODERATION_INPUT_ENABLED:
         return None
-    verdict = engine.evaluate(content, engine.policy())
+    if parts:
+        verdict = engine.evaluate_parts(parts, engine.policy())
+        content = parts[verdict.part]
+    else:
+        verdict = engine.evaluate(content, engine.policy())
     metrics.verdict_taken(metrics.INPUT, verdict)
     if verdict.is_blocked:
         flag_record(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Hashable
 from typing import Any, ClassVar
 
 import httpx
@@ -33,6 +34,12 @@ class Classifier(ABC):
     def warm(self) -> None:  # noqa: B027 (most backends load nothing)
         """Load now what the first `classify` would load (a model), so a process pays for
         it as it starts and not in its first user's answer. No database, no network."""
+
+    def memo_key(self) -> Hashable | None:
+        """What this backend's scores depend on besides the text (a version of its rules),
+        when a text scored once may keep its scores until that changes (`engine.SCORES`);
+        None, the default, scores every text afresh (a remote model may change under us)."""
+        return None
 
     @abstractmethod
     def classify(self, text: str) -> Scores:

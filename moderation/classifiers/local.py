@@ -10,6 +10,7 @@ rules become 31 searches per variant of the text.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
 import threading
@@ -74,6 +75,7 @@ class RuleSet:
 # keeps the rule a search of its own.
 _REFERENCE = re.compile(r"\\[1-9]|\(\?P=|\(\?\(")
 _MERGEABLE_FLAGS = re.compile("", re.IGNORECASE).flags
+_RULE_SETS = itertools.count()
 
 
 class LocalClassifier(Classifier):
@@ -86,6 +88,9 @@ class LocalClassifier(Classifier):
         self._static = self._static_rules()
         self._staff: tuple[CompiledRule, ...] = ()
         self._rule_set = RuleSet.of(self._static)
+        # Names the rule set, unique in the process: a text's scores depend on it and the
+        # model alone.
+        self._version = next(_RULE_SETS)
 
     @staticmethod
     def _static_rules() -> tuple[CompiledRule, ...]:
@@ -122,6 +127,10 @@ class LocalClassifier(Classifier):
         with self._lock:
             self._staff = staff
             self._rule_set = RuleSet.of(self._static + self._staff)
+            self._version = next(_RULE_SETS)
+
+    def memo_key(self) -> int:
+        return self._version
 
     def rule_set(self) -> RuleSet:
         with self._lock:
