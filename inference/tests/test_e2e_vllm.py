@@ -20,7 +20,14 @@ from conversations.turns import Turn, turn_send
 from inference import services
 from inference.models import Generation, ModelPool, Worker
 
-from .fixtures import RealWorker, finished, running_schedulers, stream_events, wait_for
+from .fixtures import (
+    RealWorker,
+    finished,
+    generation_facts,
+    running_schedulers,
+    stream_events,
+    wait_for,
+)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.django_db(transaction=True)]
 
@@ -166,7 +173,7 @@ async def test_in_a_surge_paid_answers_overtake_the_free_queue(
     await sync_to_async(subscribe)(pro_user, tier="pro", max_output_tokens=16)
     story = "Write a very long story about a baker, with many chapters."
     free = [await send(user, story) for _ in range(8)]
-    async with running_schedulers():
+    async with running_schedulers() as replicas:
 
         async def free_running() -> bool:
             ids = [turn.generation.id for turn in free]
@@ -180,7 +187,12 @@ async def test_in_a_surge_paid_answers_overtake_the_free_queue(
         for turn in free:
             await sync_to_async(services.generation_cancel)(generation=turn.generation)
         for turn in free:
-            await wait_for(partial(finished, turn.generation.id), within=60)
+            try:
+                await wait_for(partial(finished, turn.generation.id), within=60)
+            except AssertionError as exc:
+                facts = await generation_facts(turn.generation.id, replicas)
+                message = f"a cancelled free answer did not end ({exc}): {facts}"
+                raise AssertionError(message) from None
 
     pro = [await Generation.objects.aget(pk=turn.generation.id) for turn in paid]
     assert all(g.status == Generation.Status.COMPLETE for g in pro), [g.error_message for g in pro]
