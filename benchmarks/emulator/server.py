@@ -229,7 +229,11 @@ class Worker:
                 raise BadRequest(f"The messages could not be rendered: {exc}") from exc
         else:
             text = body.get("prompt")
-            if not isinstance(text, str | list) or not text:
+            ids = isinstance(text, list) and all(
+                isinstance(token, int) and not isinstance(token, bool) and token >= 0
+                for token in text
+            )
+            if not text or not (isinstance(text, str) or ids):
                 raise BadRequest("prompt must be a non-empty string or a list of token ids.")
             prompt = self.tokens.completion(text)
         room = self.max_model_len - len(prompt)

@@ -141,6 +141,15 @@ def test_the_rest_of_the_surface_answers_as_vllm_does(fleet: list[dict[str, Any]
         timeout=budget(10),
     )
     assert too_long.status_code == 400 and "context length" in too_long.text
+    for prompt in (["a", "b"], [1, -2], [True], [], 7):
+        refused = httpx.post(
+            f"{url}/v1/completions", json={"prompt": prompt, "max_tokens": 2}, timeout=budget(10)
+        )
+        assert refused.status_code == 400 and "token ids" in refused.text, prompt
+    ids = httpx.post(
+        f"{url}/v1/completions", json={"prompt": [504, 3056], "max_tokens": 2}, timeout=budget(30)
+    ).json()
+    assert ids["usage"]["prompt_tokens"] == 2
     assert httpx.post(f"{url}/reset_prefix_cache", timeout=budget(10)).status_code == 200
 
 
