@@ -79,9 +79,7 @@ def test_an_insult_behind_a_long_system_prompt_is_blocked(
     assert Flag.objects.get(user=user).categories == ["harassment"]
 
 
-def test_parts_scored_before_are_not_scored_again(
-    db: Any, monkeypatch: pytest.MonkeyPatch
-) -> None:
+def test_parts_scored_before_are_not_scored_again(db: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     scored: list[str] = []
     classify_many = LocalClassifier.classify_many
 
@@ -99,9 +97,9 @@ def test_parts_scored_before_are_not_scored_again(
     assert scored == [MANUAL, BENIGN, "An answer.", INSULT]
     assert not first.is_blocked
     assert second.blocked == ["harassment"] and second.part == 3
-    assert second.scores["harassment"] == engine.evaluate(INSULT, engine.policy()).scores[
-        "harassment"
-    ]
+    assert (
+        second.scores["harassment"] == engine.evaluate(INSULT, engine.policy()).scores["harassment"]
+    )
     # Output windows and single messages are not kept: they do not come back.
     engine.evaluate(BENIGN, engine.policy())
     assert scored[-1] == BENIGN
