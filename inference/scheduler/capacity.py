@@ -391,18 +391,30 @@ class Capacity:
         text: str,
         *,
         sequence_tokens: int,
+        prompt: prefix.Prompt | None = None,
     ) -> None:
-        """The index learns the blocks an answer filled on `view` (the next turn's prefix)."""
+        """The index learns the blocks an answer filled on `view` (the next turn's prefix).
+        `prompt`, the one placement rendered for `messages` with `view`'s tokenizer, spares
+        rendering and tokenizing them again: only the answer's text is."""
         if not text or view.block_size <= 0 or view.id in self.exact:
             return
-        answer = await asyncio.to_thread(
-            prefix.answer_of,
-            view.tokenizer_folder,
-            messages,
-            tools,
-            text,
-            sequence_tokens=sequence_tokens,
-        )
+        if prompt is not None:
+            answer = await asyncio.to_thread(
+                prefix.answer_after,
+                view.tokenizer_folder,
+                prompt,
+                text,
+                sequence_tokens=sequence_tokens,
+            )
+        else:
+            answer = await asyncio.to_thread(
+                prefix.answer_of,
+                view.tokenizer_folder,
+                messages,
+                tools,
+                text,
+                sequence_tokens=sequence_tokens,
+            )
         if answer is None:
             return
         try:

@@ -28,6 +28,7 @@ from typing import Any
 from django.conf import settings
 
 from .. import prompts
+from ..tokens import load_tokenizer
 
 logger = logging.getLogger(__name__)
 
@@ -79,14 +80,17 @@ def index_key(worker_id: object) -> str:
     return "{" + settings.INFERENCE_REDIS_PREFIX + ":prefix}:" + str(worker_id)
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int) -> list[str]:
+def block_hashes(
+    token_ids: Sequence[int], block_size: int, *, known: Sequence[str] = ()
+) -> list[str]:
     """The chained hashes of the full blocks of `token_ids`: each covers its block and, through
-    its parent, every token before it (as vLLM's block hashes do)."""
+    its parent, every token before it (as vLLM's block hashes do). `known` are the hashes of
+    its first blocks, computed before: the chain goes on from the last of them."""
     if block_size <= 0:
         return []
-    hashes: list[str] = []
-    parent = b""
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
+    hashes = list(known)
+    parent = bytes.fromhex(known[-1]) if known else b""
+    for start in range(len(known) * block_size, len(token_ids) - block_size + 1, block_size):
         parent = chain(parent, token_ids[start : start + block_size])
         hashes.append(parent.hex())
     return hashes
@@ -111,11 +115,23 @@ class Prompt:
 
     token_ids: list[int]
     _hashes: dict[int, list[str]] = field(default_factory=dict)
+    # Hashes of its first blocks known before (those of the prompt an answer follows).
+    _known: dict[int, list[str]] = field(default_factory=dict)
 
     def hashes(self, block_size: int) -> list[str]:
         if block_size not in self._hashes:
-            self._hashes[block_size] = block_hashes(self.token_ids, block_size)
+            known = self._known.get(block_size, ())
+            self._hashes[block_size] = block_hashes(self.token_ids, block_size, known=known)
         return self._hashes[block_size]
+
+    def then(self, token_ids: Sequence[int], *, cut: int = 0) -> Prompt:
+        """This prompt followed by `token_ids` (its answer's), cut at `cut` tokens when that
+        is more than 0; the hashes of this prompt's blocks are not computed again."""
+        ids = [*self.token_ids, *token_ids]
+        if cut > 0:
+            ids = ids[:cut]
+        known = {size: hashes[: len(ids) // size] for size, hashes in self._hashes.items()}
+        return Prompt(ids, _known=known)
 
 
 # The folders whose prompts could not be rendered, told once each (not once per request).
@@ -156,6 +172,16 @@ def answer_of(
     except Exception:  # told once by `prompt_of`, which meets the same template first
         return None
     return Prompt(ids[:sequence_tokens] if sequence_tokens > 0 else ids)
+
+
+def answer_after(folder: str, prompt: Prompt, text: str, *, sequence_tokens: int) -> Prompt | None:
+    """`answer_of` from the prompt placement rendered for the same request: the answer's text
+    is all there is left to tokenize (a conversation's history is not rendered again)."""
+    try:
+        ids = load_tokenizer(folder).encode(text, add_special_tokens=False).ids
+    except Exception:  # told once by `prompt_of`, which meets the same tokenizer first
+        return None
+    return prompt.then(ids, cut=sequence_tokens)
 
 
 class RedisIndex:

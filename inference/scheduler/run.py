@@ -38,6 +38,7 @@ from ..models import Generation
 from ..sampling import request_sampling
 from .capacity import Admitted, Capacity, Placement, WorkerView
 from .guard import ContentBlocked, GuardWindow, OutputGuard
+from .prefix import Prompt
 from .tools import ToolLoop, sent_calls
 from .writer import Coalescer, StreamWriter
 
@@ -77,6 +78,10 @@ class Run:
     # What its worker had to read before it when the attempt was admitted (for the worker's
     # speed), until the attempt's first token.
     admitted: Admitted | None = None
+    # The prompt as placement rendered and tokenized it, and with which model's tokenizer:
+    # what the worker holds before the answer.
+    prompt: Prompt | None = None
+    prompt_folder: str = ""
 
 
 class Runs:
@@ -140,6 +145,8 @@ class Runs:
             tried={worker.id},
             moderation=self.guard.window(),
             admitted=admitted,
+            prompt=placement.prompt,
+            prompt_folder=worker.tokenizer_folder,
         )
 
     async def disown_left(self) -> None:
@@ -554,6 +561,9 @@ class Runs:
         """The blocks the answer filled on its worker are the next turn's prefix: the index
         learns them, off the answer's way."""
         sequence = int(usage.get("prompt_tokens") or 0) + int(usage.get("completion_tokens") or 0)
+        # The placed prompt is the answer's own unless tool rounds grew the conversation or
+        # a retry moved it to a worker of another model.
+        same = not run.tool_rounds and run.prompt_folder == run.worker.tokenizer_folder
         self._spawn(
             self.capacity.remember_answer(
                 run.worker,
@@ -561,6 +571,7 @@ class Runs:
                 run.job.tools,
                 run.text,
                 sequence_tokens=sequence,
+                prompt=run.prompt if same else None,
             )
         )
 

@@ -20,6 +20,7 @@ from chatsite.testing import budget
 from inference import prompts, queue
 from inference.client import WorkerLoad
 from inference.models import Worker
+from inference.scheduler import prefix
 from inference.scheduler.capacity import Capacity, WorkerView
 from inference.scheduler.placement import (
     Candidate,
@@ -44,6 +45,25 @@ def test_a_block_hash_covers_every_token_before_it() -> None:
     assert tail_changed[:2] == base[:2] and tail_changed[2] != base[2]
     # The same block after another prefix is another block.
     assert block_hashes([*range(4, 8)], BLOCK)[0] != base[1]
+
+
+def test_a_prompt_followed_by_its_answer_hashes_as_the_whole_sequence() -> None:
+    prompt = prefix.Prompt(list(range(10)))
+    assert prompt.hashes(BLOCK) == block_hashes(list(range(10)), BLOCK)
+    answer = list(range(100, 109))
+
+    longer = prompt.then(answer)
+    cut = prompt.then(answer, cut=13)
+    shorter = prompt.then(answer, cut=6)
+
+    assert longer.hashes(BLOCK) == block_hashes([*range(10), *answer], BLOCK)
+    assert cut.hashes(BLOCK) == block_hashes([*range(10), *answer][:13], BLOCK)
+    assert shorter.hashes(BLOCK) == block_hashes(list(range(6)), BLOCK)
+    # A block size the prompt never hashed is hashed from the start.
+    assert longer.hashes(3) == block_hashes([*range(10), *answer], 3)
+    assert block_hashes(list(range(12)), BLOCK, known=block_hashes(list(range(8)), BLOCK)) == (
+        block_hashes(list(range(12)), BLOCK)
+    )
 
 
 def test_the_memory_index_forgets_the_least_recently_used_tail_first() -> None:
@@ -168,6 +188,67 @@ async def test_two_replicas_place_by_one_shared_index(redis: Any) -> None:
     finally:
         await one.release("g1")
         await second_redis.aclose()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "The first train leaves at six in the morning from platform two. " * 4,
+        " A leading space, then\nnew lines\n\n- and a list: 1. two 3.",
+        "Émile's café — 10 % off! 🚆",
+    ],
+)
+def test_an_answer_after_its_placed_prompt_is_the_sequence_rendered_again(text: str) -> None:
+    """The answer's blocks from the prompt placement tokenized (only its text tokenized) are
+    those of its conversation rendered again with the answer, as they were before."""
+    needs_model()
+    folder = str(settings.MODEL_DIR)
+    messages = [SYSTEM, {"role": "user", "content": "When does the first train leave?"}]
+    placed = prefix.prompt_of(folder, messages, None)
+    assert placed is not None
+    placed.hashes(16)  # as placement leaves it
+
+    for sequence in (10**6, len(placed.token_ids) + 5, 40):
+        after = prefix.answer_after(folder, placed, text, sequence_tokens=sequence)
+        again = prefix.answer_of(folder, messages, None, text, sequence_tokens=sequence)
+        assert after is not None and again is not None
+        # Rendered again, the answer ends with the template's end of turn, which the worker
+        # has not produced: the sequence it reports cuts it off.
+        cut = min(len(again.token_ids), len(after.token_ids))
+        assert after.token_ids[:cut] == again.token_ids[:cut]
+        assert after.hashes(16)[: cut // 16] == again.hashes(16)[: cut // 16]
+
+
+async def test_an_answer_is_remembered_without_rendering_its_conversation_again(
+    redis: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    needs_model()
+    capacity = Capacity(redis, configured_policy())
+    worker = view(913)
+    await capacity.forget_cache(worker.id)
+    first = [SYSTEM, {"role": "user", "content": "When does the first train leave?"}]
+    [placed] = await capacity.place(job(first, "g1"), [worker])
+    assert placed.prompt is not None
+    rendered: list[Any] = []
+    real = prompts.token_ids
+
+    def rendering(*args: Any, **kwargs: Any) -> list[int]:
+        rendered.append(args)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(prompts, "token_ids", rendering)
+
+    answer = "The first train leaves at six in the morning from platform two. " * 4
+    await capacity.remember_answer(
+        worker, first, None, answer, sequence_tokens=10**6, prompt=placed.prompt
+    )
+
+    assert rendered == []
+    follow_up = [*first, {"role": "assistant", "content": answer}]
+    follow_up.append({"role": "user", "content": "And the last one?"})
+    [next_turn] = await capacity.place(job(follow_up, "g2"), [worker])
+    # The next turn finds the answer's blocks: past the first prompt's.
+    assert next_turn.cached_tokens >= len(placed.prompt.token_ids) // 16 * 16 + 16 * 3
 
 
 async def test_a_backlog_placed_by_one_replica_is_seen_by_another(redis: Any) -> None:
