@@ -120,6 +120,9 @@ def free_port() -> int:
 def service_env() -> dict[str, str]:
     """The environment of the edge and scheduler processes a benchmark starts."""
     return {
+        # The benchmarks' workers listen on the loopback, which the service refuses to reach
+        # unless told (a run without it waited for workers it would never call).
+        "INFERENCE_WORKER_ALLOWED_NETWORKS": "127.0.0.0/8,::1/128",
         **os.environ,
         "DEBUG": "0",
         "INFERENCE_WORKERS": "",
