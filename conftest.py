@@ -138,12 +138,14 @@ def own_catalog_version(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 @pytest.fixture(autouse=True)
-def _fresh_moderation_memo() -> None:
-    """Each test scores its texts afresh: scores a backend gave in an earlier test (another
-    backend patched in, say) are not reused (`moderation.engine.SCORES`)."""
+def _fresh_memos() -> None:
+    """Each test scores and counts its texts afresh: what an earlier test computed (with
+    another backend or tokenizer patched in, say) is not reused (`chatsite.memo`)."""
+    from conversations.turns import TOKEN_COUNTS
     from moderation.engine import SCORES
 
     SCORES.clear()
+    TOKEN_COUNTS.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -720,6 +720,8 @@ MODERATION_WINDOW_TOKENS = env_int("MODERATION_WINDOW_TOKENS", 200)
 # Scores kept per process for texts that come back (a /v1 conversation's earlier messages and
 # system prompt, checked again with every turn): entries of ~0.3 KB, keyed by a digest.
 MODERATION_MEMO_ENTRIES = env_int("MODERATION_MEMO_ENTRIES", 4096)
+# Token counts kept per process for the messages a /v1 request sends again with every turn.
+TOKEN_COUNT_MEMO_ENTRIES = env_int("TOKEN_COUNT_MEMO_ENTRIES", 4096)
 MODERATION_WINDOW_OVERLAP_TOKENS = env_int("MODERATION_WINDOW_OVERLAP_TOKENS", 50)
 MODERATION_RETRACT_NOTICE = os.environ.get(
     "MODERATION_RETRACT_NOTICE", "This answer was withdrawn because it broke the content policy."

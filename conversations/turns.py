@@ -40,6 +40,7 @@ from billing.services import (
 )
 from chatsite import dotted, logs, tracing
 from chatsite.errors import ServiceError
+from chatsite.memo import DigestMemo
 from inference.models import Generation, ModelPool
 from inference.selectors import generation_stream_kept
 from inference.services import (
@@ -50,7 +51,7 @@ from inference.services import (
     pool_ensure_room_for_new,
     pool_named,
 )
-from inference.tokens import pool_tokenizer
+from inference.tokens import pool_tokenizer, pool_tokenizer_folder
 from inference.unkept import UnkeptGeneration
 from moderation.engine import Verdict
 from moderation.models import Flag
@@ -179,8 +180,24 @@ def _token_counter(model: str) -> Callable[[str], int]:
     """Counts a text's tokens with `model`'s tokenizer (the large pool's for `auto`), for
     the tree writes that store a new message's count with it."""
     name = settings.AUTO_MODEL_LARGE if is_auto(model) else model
-    tokenizer = pool_tokenizer(pool_named(model=name))
-    return lambda text: count_tokens(tokenizer, text)
+    pool = pool_named(model=name)
+    tokenizer, folder = pool_tokenizer(pool), pool_tokenizer_folder(pool)
+
+    def count(text: str) -> int:
+        # A `/v1` request sends its earlier messages again with every turn: each is counted
+        # once per process (`TOKEN_COUNTS`), not once per request.
+        key = (folder, DigestMemo.digest(text))
+        tokens = TOKEN_COUNTS.get(key)
+        if tokens is None:
+            tokens = count_tokens(tokenizer, text)
+            TOKEN_COUNTS.put(key, tokens)
+        return tokens
+
+    return count
+
+
+# Token counts of the texts the tree writes counted lately, by tokenizer.
+TOKEN_COUNTS: DigestMemo[int] = DigestMemo(settings.TOKEN_COUNT_MEMO_ENTRIES)
 
 
 def _auto_choice(

@@ -13,15 +13,14 @@ of the part (never the text itself). Thresholds are applied to them afresh each 
 
 from __future__ import annotations
 
-import hashlib
 import logging
-import threading
 import time
-from collections import OrderedDict
-from collections.abc import Hashable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from django.conf import settings
+
+from chatsite.memo import DigestMemo
 
 from . import selectors
 from .classifiers import Classifier, ClassifierError, Scores, clamp, configured_classifiers
@@ -109,42 +108,7 @@ def decide(scores: Scores, thresholds: dict[str, Threshold]) -> tuple[list[str],
     return blocked, review
 
 
-class ScoreMemo:
-    """The scores backends gave to texts, by (the backend's `memo_key`, a digest of the
-    text), the least recently used dropped past `size`. Shared by the threads of a process."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._scores: OrderedDict[tuple[Hashable, bytes], Scores] = OrderedDict()
-        self._lock = threading.Lock()
-
-    @staticmethod
-    def digest(text: str) -> bytes:
-        return hashlib.blake2b(text.encode(), digest_size=16).digest()
-
-    def get(self, key: tuple[Hashable, bytes]) -> Scores | None:
-        with self._lock:
-            scores = self._scores.get(key)
-            if scores is not None:
-                self._scores.move_to_end(key)
-            return scores
-
-    def put(self, key: tuple[Hashable, bytes], scores: Scores) -> None:
-        with self._lock:
-            self._scores[key] = scores
-            self._scores.move_to_end(key)
-            while len(self._scores) > self.size:
-                self._scores.popitem(last=False)
-
-    def clear(self) -> None:
-        with self._lock:
-            self._scores.clear()
-
-    def __len__(self) -> int:
-        return len(self._scores)
-
-
-SCORES = ScoreMemo(settings.MODERATION_MEMO_ENTRIES)
+SCORES: DigestMemo[Scores] = DigestMemo(settings.MODERATION_MEMO_ENTRIES)
 
 
 def _scores(classifier: Classifier, text: str, digest: bytes | None) -> Scores:
@@ -169,7 +133,7 @@ def evaluate(
     `memo`, scores a backend gave the same text before are reused (`SCORES`): for texts that
     come back, such as a conversation's earlier messages, not for ones seen once."""
     started = time.perf_counter()
-    digest = ScoreMemo.digest(text) if memo else None
+    digest = DigestMemo.digest(text) if memo else None
     merged: Scores = {}
     ran: list[str] = []
     failed: list[str] = []

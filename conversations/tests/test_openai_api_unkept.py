@@ -265,3 +265,37 @@ def test_the_reconciler_keeps_the_slot_of_an_answer_still_running(
 
     assert report.slots_kept == 1 and report.reservations_released == 0
     assert quota.held(user_id=user.pk, reservation_id=gid) is not None
+
+
+def test_the_messages_a_turn_sends_again_are_counted_once(
+    user: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    subscribe(user)
+    counted: list[str] = []
+    real = turns.count_tokens
+
+    def counting(tokenizer: Any, text: str) -> int:
+        counted.append(text)
+        return real(tokenizer, text)
+
+    monkeypatch.setattr(turns, "count_tokens", counting)
+    first = [("user", "When does the bakery open?")]
+    unkept_turn(user, first[0][1])
+    assert counted == ["Be brief.", first[0][1]]
+
+    following = [*first, ("assistant", "At seven."), ("user", "And on Sunday?")]
+
+    def second_turn() -> queue.Job:
+        turn = turns.turn_unkept(
+            user=user, model="smollm2-135m", system_prompt="Be brief.", messages=following
+        )
+        return job_of(turn.generation.id)
+
+    remembered = second_turn()
+    # Only the answer and the new question are new to the tokenizer.
+    assert counted[2:] == ["At seven.", "And on Sunday?"]
+    turns.TOKEN_COUNTS.clear()
+    counted_again = second_turn()
+    assert len(counted) == 2 + 2 + 4
+    # Counted once or every time, the prompt comes to the same size.
+    assert remembered.prompt_tokens == counted_again.prompt_tokens > 0

@@ -12,11 +12,11 @@ from django.contrib.auth.models import User
 from django.test import Client
 
 from accounts.services import api_key_create
+from chatsite.memo import DigestMemo
 from conversations.models import Conversation
 from inference.models import Generation, ModelPool
 from moderation import engine, services
 from moderation.classifiers.local import LocalClassifier
-from moderation.engine import ScoreMemo
 from moderation.models import Flag, Rule
 
 from .helpers import BENIGN, HARMFUL, INSULT
@@ -116,7 +116,7 @@ def test_a_staff_rule_applies_to_parts_scored_before_it(user: User, staff: User)
 
 
 def test_the_memo_keeps_the_most_recently_used() -> None:
-    memo = ScoreMemo(2)
+    memo: DigestMemo[dict[str, float]] = DigestMemo(2)
     a, b, c = ((1, memo.digest(text)) for text in ("a", "b", "c"))
     memo.put(a, {"S1": 0.1})
     memo.put(b, {"S1": 0.2})
