@@ -460,8 +460,10 @@ class _Watchdog:
         except asyncio.CancelledError:
             if self.gave_up is None:
                 raise
-            if self.task is not None:
-                self.task.uncancel()
+            # The detector's own cancel is taken back and the stream fails; one from outside
+            # in the same moment (a Stop) is still pending and wins, as it would a moment later.
+            if self.task is not None and self.task.uncancel() > 0:
+                raise
             raise WorkerFault(FaultCode.WORKER_STALLED, self.gave_up) from None
         finally:
             self.waiting = False

@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
 
 from chatsite.testing import budget
-from inference.client import FaultCode, OpenAICompatibleClient, WorkerFault
+from inference.client import FaultCode, OpenAICompatibleClient, WorkerFault, _Watchdog
 
 from .fake_worker import FakeWorker
 from .fixtures import wait_for
@@ -108,3 +109,42 @@ async def test_a_stream_silent_past_the_first_token_time_fails_however_busy_its_
         await client.aclose()
     assert isinstance(paused, WorkerFault) and paused.code == FaultCode.WORKER_STALLED
     assert busy == "".join(f"tok{i} " for i in range(tokens))
+
+
+@pytest.mark.parametrize("stopped", [False, True], ids=["stalled", "stopped-meanwhile"])
+async def test_a_stop_in_the_moment_the_detector_gives_up_is_not_lost(stopped: bool) -> None:
+    """The detector ends a silent stream by cancelling its task; a Stop that cancels the same
+    task in the same moment must still stop the answer, not see it retried as a stall."""
+    client = OpenAICompatibleClient(stall_seconds=3600, first_token_seconds=3600)
+    watchdogs: list[_Watchdog] = []
+
+    async def silent() -> AsyncIterator[bytes]:
+        await asyncio.Event().wait()
+        yield b""
+
+    async def read() -> bytes:
+        watchdog = _Watchdog(client, "http://worker")
+        watchdogs.append(watchdog)
+        try:
+            return await watchdog.next(silent())
+        finally:
+            watchdog.stop()
+
+    task = asyncio.create_task(read())
+    try:
+        await asyncio.sleep(0)  # the task starts and waits for its first line
+        assert watchdogs and watchdogs[0].waiting
+        # What the detector's timer does when it gives up ...
+        watchdogs[0].gave_up = "no data from the worker for 30 s"
+        task.cancel()
+        if stopped:
+            task.cancel()  # ... and a Stop before the task ran again
+        if stopped:
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        else:
+            with pytest.raises(WorkerFault) as fault:
+                await task
+            assert fault.value.code == FaultCode.WORKER_STALLED
+    finally:
+        await client.aclose()
