@@ -142,10 +142,12 @@ def _fresh_memos() -> None:
     """Each test scores and counts its texts afresh: what an earlier test computed (with
     another backend or tokenizer patched in, say) is not reused (`chatsite.memo`)."""
     from conversations.turns import TOKEN_COUNTS
+    from inference.prompts import PIECES
     from moderation.engine import SCORES
 
     SCORES.clear()
     TOKEN_COUNTS.clear()
+    PIECES.clear()
 
 
 @pytest.fixture(autouse=True)

@@ -722,6 +722,9 @@ MODERATION_WINDOW_TOKENS = env_int("MODERATION_WINDOW_TOKENS", 200)
 MODERATION_MEMO_ENTRIES = env_int("MODERATION_MEMO_ENTRIES", 4096)
 # Token counts kept per process for the messages a /v1 request sends again with every turn.
 TOKEN_COUNT_MEMO_ENTRIES = env_int("TOKEN_COUNT_MEMO_ENTRIES", 4096)
+# Token ids kept per process (scheduler, emulated workers) for the long pieces of prompts a
+# conversation sends again with every turn: 4 bytes a token, 2,048 pieces.
+TOKEN_PIECE_MEMO_ENTRIES = env_int("TOKEN_PIECE_MEMO_ENTRIES", 2048)
 MODERATION_WINDOW_OVERLAP_TOKENS = env_int("MODERATION_WINDOW_OVERLAP_TOKENS", 50)
 MODERATION_RETRACT_NOTICE = os.environ.get(
     "MODERATION_RETRACT_NOTICE", "This answer was withdrawn because it broke the content policy."

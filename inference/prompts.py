@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
+from array import array
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from functools import lru_cache
@@ -26,6 +28,8 @@ from jinja2 import Template
 from jinja2.exceptions import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from chatsite.memo import DigestMemo
 
 from .tokens import load_tokenizer
 
@@ -125,5 +129,50 @@ def token_ids(
 ) -> list[int]:
     """The token ids the worker serving `folder`'s model computes for this prompt."""
     text = render(folder, messages, tools=tools, add_generation_prompt=add_generation_prompt)
-    ids: list[int] = load_tokenizer(folder).encode(text, add_special_tokens=False).ids
+    return encode(folder, text)
+
+
+def encode(folder: str, text: str) -> list[int]:
+    """`text`'s token ids, as `folder`'s tokenizer gives them for the whole text, from the
+    pieces between its special tokens: the tokenizer splits those out before anything else
+    and encodes each piece on its own, so a piece seen before (a system prompt, an earlier
+    message, sent again with every turn) is not encoded again (`PIECES`). A tokenizer whose
+    special tokens are not split out that plainly is asked for the whole text."""
+    tokenizer = load_tokenizer(folder)
+    splitter = _special_tokens(folder)
+    if splitter is None:
+        whole: list[int] = tokenizer.encode(text, add_special_tokens=False).ids
+        return whole
+    ids: list[int] = []
+    for piece in splitter.split(text):
+        if len(piece) < PIECE_MIN_CHARS:
+            if piece:
+                ids.extend(tokenizer.encode(piece, add_special_tokens=False).ids)
+            continue
+        key = (folder, DigestMemo.digest(piece))
+        kept = PIECES.get(key)
+        if kept is None:
+            kept = array("I", tokenizer.encode(piece, add_special_tokens=False).ids)
+            PIECES.put(key, kept)
+        ids.extend(kept)
     return ids
+
+
+# Pieces shorter than this are encoded each time (a role name, a short question).
+PIECE_MIN_CHARS = 200
+# The token ids of the longer pieces encoded lately, by tokenizer folder (4 bytes a token).
+PIECES: DigestMemo[array[int]] = DigestMemo(settings.TOKEN_PIECE_MEMO_ENTRIES)
+
+
+@lru_cache(maxsize=8)
+def _special_tokens(folder: str) -> re.Pattern[str] | None:
+    """A pattern that splits a text at `folder`'s added tokens, each kept as a piece of its
+    own, if the tokenizer matches them on the raw text and nothing else (not normalized, no
+    whitespace stripped around them, not whole words only); else None."""
+    added = list(load_tokenizer(folder).get_added_tokens_decoder().values())
+    if not added or any(
+        token.normalized or token.lstrip or token.rstrip or token.single_word for token in added
+    ):
+        return None
+    contents = sorted({token.content for token in added}, key=len, reverse=True)
+    return re.compile("(" + "|".join(re.escape(content) for content in contents) + ")")

@@ -28,6 +28,7 @@ from inference.scheduler.placement import (
     configured_policy,
 )
 from inference.scheduler.prefix import MemoryIndex, RedisIndex, block_hashes, index_key
+from inference.tokens import load_tokenizer
 
 BLOCK = 4
 
@@ -217,6 +218,66 @@ def test_an_answer_after_its_placed_prompt_is_the_sequence_rendered_again(text: 
         cut = min(len(again.token_ids), len(after.token_ids))
         assert after.token_ids[:cut] == again.token_ids[:cut]
         assert after.hashes(16)[: cut // 16] == again.hashes(16)[: cut // 16]
+
+
+@pytest.mark.parametrize(
+    "content",
+    [
+        "Plain words. " * 40,
+        "  Leading spaces and a trailing newline\n" * 12,
+        "A user who types <|im_end|>\n<|im_start|>system\nspecial tokens " * 8,
+        "<|im_start|><|im_end|>" + "Émile's café — 10 % off! 🚆\t\r\n" * 20,
+        "x" * 199,
+        "x" * 200,
+    ],
+)
+def test_a_prompt_encoded_by_pieces_is_the_prompt_encoded_whole(content: str) -> None:
+    needs_model()
+    folder = str(settings.MODEL_DIR)
+    tokenizer = load_tokenizer(folder)
+    messages = [SYSTEM, {"role": "user", "content": content}]
+    text = prompts.render(folder, messages)
+
+    whole = tokenizer.encode(text, add_special_tokens=False).ids
+    assert prompts.encode(folder, text) == whole
+    assert prompts.token_ids(folder, messages) == whole
+    assert (
+        prompts.encode(folder, content) == tokenizer.encode(content, add_special_tokens=False).ids
+    )
+
+
+def test_a_prompts_pieces_seen_before_are_not_encoded_again(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    needs_model()
+    folder = str(settings.MODEL_DIR)
+    first = [SYSTEM, {"role": "user", "content": "When does the first train leave?"}]
+    answer = "The first train leaves at six in the morning from platform two. " * 4
+    following = [*first, {"role": "assistant", "content": answer}]
+    following.append({"role": "user", "content": "And the last one?"})
+    expected = (
+        load_tokenizer(folder)
+        .encode(prompts.render(folder, following), add_special_tokens=False)
+        .ids
+    )
+    prompts.token_ids(folder, first)
+    encoded: list[str] = []
+    real = prompts.load_tokenizer(folder)
+
+    class Counting:
+        def encode(self, text: str, add_special_tokens: bool = True) -> Any:
+            encoded.append(text)
+            return real.encode(text, add_special_tokens=add_special_tokens)
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(real, name)
+
+    monkeypatch.setattr(prompts, "load_tokenizer", lambda _: Counting())
+
+    assert prompts.token_ids(folder, following) == expected
+    # The system prompt (its long piece) was encoded for the first turn; the answer is new.
+    assert SYSTEM["content"] not in "".join(encoded)
+    assert any(answer.strip() in piece for piece in encoded)
 
 
 async def test_an_answer_is_remembered_without_rendering_its_conversation_again(
