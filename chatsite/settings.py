@@ -576,6 +576,11 @@ SCHEDULER_REDIS_OUTAGE_EVENTS = env_int("SCHEDULER_REDIS_OUTAGE_EVENTS", 100_000
 # Where `prepare_model` puts the served model; the web tier reads only its tokenizer.json.
 MODEL_DIR = Path(os.environ.get("MODEL_DIR", DATA_DIR / "models" / "smollm2-135m-instruct"))
 WORKER_PYTHON = os.environ.get("WORKER_PYTHON", str(BASE_DIR / ".venv-worker" / "bin" / "python"))
+# Token counts kept per process for the messages a /v1 request sends again with every turn.
+TOKEN_COUNT_MEMO_ENTRIES = env_int("TOKEN_COUNT_MEMO_ENTRIES", 4096)
+# Token ids kept per process (scheduler, emulated workers) for the long pieces of prompts a
+# conversation sends again with every turn: 4 bytes a token, 2,048 pieces.
+TOKEN_PIECE_MEMO_ENTRIES = env_int("TOKEN_PIECE_MEMO_ENTRIES", 2048)
 
 # Billing: plans, quotas, the usage ledger and statements (billing/).
 BILLING_REDIS_PREFIX = os.environ.get("BILLING_REDIS_PREFIX", f"{INFERENCE_REDIS_PREFIX}:bill")
@@ -717,15 +722,10 @@ MODERATION_RULES: list[dict[str, object]] = []
 # Streamed answers are checked on a window of about this many tokens (4 characters each),
 # overlapping the previous window by this many, and once more whole at the end.
 MODERATION_WINDOW_TOKENS = env_int("MODERATION_WINDOW_TOKENS", 200)
+MODERATION_WINDOW_OVERLAP_TOKENS = env_int("MODERATION_WINDOW_OVERLAP_TOKENS", 50)
 # Scores kept per process for texts that come back (a /v1 conversation's earlier messages and
 # system prompt, checked again with every turn): entries of ~0.3 KB, keyed by a digest.
 MODERATION_MEMO_ENTRIES = env_int("MODERATION_MEMO_ENTRIES", 4096)
-# Token counts kept per process for the messages a /v1 request sends again with every turn.
-TOKEN_COUNT_MEMO_ENTRIES = env_int("TOKEN_COUNT_MEMO_ENTRIES", 4096)
-# Token ids kept per process (scheduler, emulated workers) for the long pieces of prompts a
-# conversation sends again with every turn: 4 bytes a token, 2,048 pieces.
-TOKEN_PIECE_MEMO_ENTRIES = env_int("TOKEN_PIECE_MEMO_ENTRIES", 2048)
-MODERATION_WINDOW_OVERLAP_TOKENS = env_int("MODERATION_WINDOW_OVERLAP_TOKENS", 50)
 MODERATION_RETRACT_NOTICE = os.environ.get(
     "MODERATION_RETRACT_NOTICE", "This answer was withdrawn because it broke the content policy."
 )
