@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Hashable
+from collections.abc import Callable, Hashable
 from typing import Generic, TypeVar
 
 Value = TypeVar("Value")
@@ -39,6 +39,14 @@ class DigestMemo(Generic[Value]):
             self._values.move_to_end(key)
             while len(self._values) > self.size:
                 self._values.popitem(last=False)
+
+    def of(self, key: Key, compute: Callable[[], Value]) -> Value:
+        """The value kept under `key`, or `compute()`'s, kept now."""
+        value = self.get(key)
+        if value is None:
+            value = compute()
+            self.put(key, value)
+        return value
 
     def clear(self) -> None:
         with self._lock:

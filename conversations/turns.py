@@ -187,11 +187,7 @@ def _token_counter(model: str) -> Callable[[str], int]:
         # A `/v1` request sends its earlier messages again with every turn: each is counted
         # once per process (`TOKEN_COUNTS`), not once per request.
         key = (folder, DigestMemo.digest(text))
-        tokens = TOKEN_COUNTS.get(key)
-        if tokens is None:
-            tokens = count_tokens(tokenizer, text)
-            TOKEN_COUNTS.put(key, tokens)
-        return tokens
+        return TOKEN_COUNTS.of(key, lambda: count_tokens(tokenizer, text))
 
     return count
 

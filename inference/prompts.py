@@ -19,7 +19,7 @@ import re
 from array import array
 from collections.abc import Sequence
 from datetime import UTC, datetime
-from functools import lru_cache
+from functools import lru_cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +28,7 @@ from jinja2 import Template
 from jinja2.exceptions import TemplateError
 from jinja2.ext import loopcontrols
 from jinja2.sandbox import ImmutableSandboxedEnvironment
+from tokenizers import Tokenizer
 
 from chatsite.memo import DigestMemo
 
@@ -150,12 +151,12 @@ def encode(folder: str, text: str) -> list[int]:
                 ids.extend(tokenizer.encode(piece, add_special_tokens=False).ids)
             continue
         key = (folder, DigestMemo.digest(piece))
-        kept = PIECES.get(key)
-        if kept is None:
-            kept = array("I", tokenizer.encode(piece, add_special_tokens=False).ids)
-            PIECES.put(key, kept)
-        ids.extend(kept)
+        ids.extend(PIECES.of(key, partial(_kept_ids, tokenizer, piece)))
     return ids
+
+
+def _kept_ids(tokenizer: Tokenizer, piece: str) -> array[int]:
+    return array("I", tokenizer.encode(piece, add_special_tokens=False).ids)
 
 
 # Pieces shorter than this are encoded each time (a role name, a short question).

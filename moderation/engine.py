@@ -117,12 +117,9 @@ def _scores(classifier: Classifier, text: str, digest: bytes | None) -> Scores:
     memo_key = classifier.memo_key() if digest is not None else None
     if memo_key is None or digest is None:
         return clamp(classifier.classify(text))
-    key = ((classifier.name, memo_key), digest)
-    scores = SCORES.get(key)
-    if scores is None:
-        scores = clamp(classifier.classify(text))
-        SCORES.put(key, scores)
-    return scores
+    return SCORES.of(
+        ((classifier.name, memo_key), digest), lambda: clamp(classifier.classify(text))
+    )
 
 
 def evaluate(
