@@ -27,6 +27,7 @@ import asyncio
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from functools import partial
 from typing import Any, NamedTuple
 
 from asgiref.sync import sync_to_async
@@ -398,23 +399,13 @@ class Capacity:
         rendering and tokenizing them again: only the answer's text is."""
         if not text or view.block_size <= 0 or view.id in self.exact:
             return
-        if prompt is not None:
-            answer = await asyncio.to_thread(
-                prefix.answer_after,
-                view.tokenizer_folder,
-                prompt,
-                text,
-                sequence_tokens=sequence_tokens,
-            )
-        else:
-            answer = await asyncio.to_thread(
-                prefix.answer_of,
-                view.tokenizer_folder,
-                messages,
-                tools,
-                text,
-                sequence_tokens=sequence_tokens,
-            )
+        folder = view.tokenizer_folder
+        tokenize = (
+            partial(prefix.answer_after, folder, prompt, text)
+            if prompt is not None
+            else partial(prefix.answer_of, folder, messages, tools, text)
+        )
+        answer = await asyncio.to_thread(tokenize, sequence_tokens=sequence_tokens)
         if answer is None:
             return
         try:
