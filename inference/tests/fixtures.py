@@ -170,28 +170,29 @@ async def finished(generation_id: Any) -> bool:
 
 async def generation_facts(generation_id: Any, replicas: list[Scheduler]) -> str:
     """Where a generation stands, for a test that waited for it in vain: its row, its job
-    in Redis (owner, cancel flag), the queue holding it, and the in-process replicas that
-    run it."""
+    in Redis (owner, cancel flag), its place in line, and the in-process replicas that run
+    it."""
     from chatsite.redis import sync_redis
     from inference.models import Generation
 
     row = await Generation.objects.select_related("pool").aget(pk=generation_id)
 
-    def in_redis() -> tuple[dict[Any, Any], list[str]]:
+    def in_redis() -> tuple[dict[Any, Any], int | None]:
         redis = sync_redis()
         job = redis.hgetall(queue.job_key(generation_id))
         for long in ("messages", "tools", "params", "traceparent"):
             job.pop(long, None)
-        keys = [queue.queue_key(row.pool.name, tier) for tier in queue.tiers_best_first()]
-        queued = [key for key in keys if redis.zscore(key, str(generation_id)) is not None]
-        return job, queued
+        place = queue.queue_position(
+            redis, pool=row.pool.name, tier=row.tier, generation_id=str(generation_id)
+        )
+        return job, place
 
-    job, queued = await sync_to_async(in_redis)()
+    job, place = await sync_to_async(in_redis)()
     running = [replica.replica_id for replica in replicas if str(generation_id) in replica.running]
     return (
         f"generation {generation_id}: {row.status}, admitted {row.admitted_at}, first token "
         f"{row.first_token_at}, finished {row.finished_at}, {row.output_tokens} tokens; job "
-        f"{job}; queued in {queued or 'no queue'}; running on {running or 'no replica'}"
+        f"{job}; place in line {place or 'none'}; running on {running or 'no replica'}"
     )
 
 
