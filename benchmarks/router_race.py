@@ -80,9 +80,11 @@ from benchmarks.emulator.launch import (  # noqa: E402
     Fleet,
     add_arguments,
     describe,
+    emulated_profile,
     process_cpu_seconds,
     start_for,
 )
+from benchmarks.emulator.truth import Agreement, agreement  # noqa: E402
 from benchmarks.latency import STAGES, now_ms, server_marks, stages  # noqa: E402
 from benchmarks.openai_api import prepare, start, stop, wait_up  # noqa: E402
 from benchmarks.overhead import cpu_seconds, pids_named, sse_events  # noqa: E402
@@ -96,6 +98,10 @@ DEFAULT_SIDES = (
     "sglang-router:cache_aware,v1:round_robin,v1:predicted_ttft,conversations:predicted_ttft"
 )
 # What makes the shared system prompts differ from each other from their first block on.
+# After an emulated fleet goes idle, the index is compared with its caches until two readings
+# this far apart agree (its last KV events may still be on their way), at most this often.
+EVENTS_SETTLE_S = 0.5
+EVENTS_SETTLE_TRIES = 20
 DOMAINS = ["bicycle cooperative", "public library", "swimming pool", "community garden"]
 
 
@@ -327,8 +333,8 @@ async def counters(http: httpx.AsyncClient, urls: Sequence[str]) -> list[Counter
     return found
 
 
-async def settle(http: httpx.AsyncClient, urls: Sequence[str]) -> None:
-    """Wait for the workers to go idle, then empty their prefix caches where they allow it."""
+async def idle(http: httpx.AsyncClient, urls: Sequence[str]) -> None:
+    """Wait for the workers to have nothing running or waiting."""
     from inference.client import parse_metrics
 
     async with asyncio.timeout(180):
@@ -337,9 +343,51 @@ async def settle(http: httpx.AsyncClient, urls: Sequence[str]) -> None:
             if all(load.running + load.waiting == 0 for load in loads):
                 break
             await asyncio.sleep(0.5)
+
+
+async def settle(http: httpx.AsyncClient, urls: Sequence[str]) -> None:
+    """Wait for the workers to go idle, then empty their prefix caches where they allow it."""
+    await idle(http, urls)
     for url in urls:
         with contextlib.suppress(httpx.HTTPError):
             await http.post(f"{url}/reset_prefix_cache", timeout=10)
+
+
+async def forget_index(worker_ids: Sequence[int]) -> None:
+    """Empty the scheduler's index of the workers, as their caches were emptied: each side
+    starts from nothing (an index estimated from what was sent would otherwise keep the last
+    side's blocks, which no request of this side can use)."""
+    from chatsite.redis import async_redis
+    from inference.scheduler.prefix import index_key
+
+    redis = async_redis()
+    try:
+        await redis.delete(*(index_key(w) for w in worker_ids))
+    finally:
+        await redis.aclose()
+
+
+async def index_against_caches(
+    http: httpx.AsyncClient, urls: Sequence[str], worker_ids: Sequence[int]
+) -> Agreement:
+    """Once the workers are idle, the scheduler's index against the emulated workers' true
+    caches, read until two readings `EVENTS_SETTLE_S` apart agree (the last KV events may
+    still be on their way to the index)."""
+    from chatsite.redis import async_redis
+
+    await idle(http, urls)
+    redis = async_redis()
+    try:
+        found = await agreement(http, urls, worker_ids, redis)
+        for _ in range(EVENTS_SETTLE_TRIES):
+            await asyncio.sleep(EVENTS_SETTLE_S)
+            again = await agreement(http, urls, worker_ids, redis)
+            if again == found:
+                break
+            found = again
+        return found
+    finally:
+        await redis.aclose()
 
 
 def oracle_hit_rate(
@@ -347,40 +395,74 @@ def oracle_hit_rate(
 ) -> float:
     """The share of prompt tokens one cache of unlimited size would have held: every full
     block of every prompt sent and answer produced before, in the workers' block size."""
+    by_conversation: dict[int, list[Answer]] = {}
+    for answer in results:
+        by_conversation.setdefault(answer.conversation, []).append(answer)
+    turns = []
+    # Replayed in the order the side sent them.
+    for sent in sorted(results, key=lambda a: a.sent_at):
+        answers = sorted(by_conversation[sent.conversation], key=lambda a: a.turn)
+        texts = [a.text for a in answers[: sent.turn + 1]]
+        turns.append((trace[sent.conversation], sent.turn, texts))
+    hits, queries = oracle_replay(turns, system_texts, args.block_size)
+    return hits / queries if queries else 0.0
+
+
+def oracle_replay(
+    turns: Sequence[tuple[Conversation, int, Sequence[str]]],
+    system_texts: Sequence[str],
+    block_size: int,
+) -> tuple[int, int]:
+    """Prompt tokens found in one unlimited cache, and prompt tokens, over `turns` in order:
+    each a conversation, the turn, and the answers' texts up to and including the turn's own
+    (which is cached after the turn, as the worker keeps it)."""
     from django.conf import settings
 
     from inference import prompts as rendering
     from inference.scheduler.prefix import MemoryIndex, block_hashes
 
     folder = str(settings.MODEL_DIR)
-    by_conversation: dict[int, list[Answer]] = {}
-    for answer in results:
-        by_conversation.setdefault(answer.conversation, []).append(answer)
     oracle = MemoryIndex()  # one worker, never forgetting (capacity 0)
     hits = queries = 0
-    # Replayed in the order the side sent them.
-    for sent in sorted(results, key=lambda a: a.sent_at):
-        index, turn = sent.conversation, sent.turn
-        conversation = trace[index]
-        answers = sorted(by_conversation[index], key=lambda a: a.turn)
+    for conversation, turn, texts in turns:
         messages = [{"role": "system", "content": system_texts[conversation.system]}]
-        for earlier in answers[:turn]:
-            messages.append({"role": "user", "content": conversation.questions[earlier.turn]})
-            messages.append({"role": "assistant", "content": earlier.text})
+        for number in range(turn):
+            messages.append({"role": "user", "content": conversation.questions[number]})
+            messages.append({"role": "assistant", "content": texts[number]})
         messages.append({"role": "user", "content": conversation.questions[turn]})
         ids = rendering.token_ids(folder, messages)
-        hashes = block_hashes(ids, args.block_size)
+        hashes = block_hashes(ids, block_size)
         (cached,) = oracle.matched_blocks([0], hashes)
-        hits += cached * args.block_size
+        hits += cached * block_size
         queries += len(ids)
         oracle.record(0, hashes, capacity=0, now_ms=0)
         answer_ids = rendering.token_ids(
             folder,
-            [*messages, {"role": "assistant", "content": answers[turn].text}],
+            [*messages, {"role": "assistant", "content": texts[turn]}],
             add_generation_prompt=False,
         )
-        oracle.record(0, block_hashes(answer_ids, args.block_size), capacity=0, now_ms=0)
-    return hits / queries if queries else 0.0
+        oracle.record(0, block_hashes(answer_ids, block_size), capacity=0, now_ms=0)
+    return hits, queries
+
+
+def capacity(args: Any, workers: int) -> tuple[float, float]:
+    """The emulated fleet's capacity for this trace, in answers per second (its durations
+    scaled), and the prompt tokens a turn reads uncached that it assumes: each worker at
+    full batch (`Profile.answers_per_s`), every turn reading only what one unlimited cache
+    would not hold (the oracle's placement; answers of `--max-tokens` tokens)."""
+    trace = make_trace(args)
+    turns = sorted(
+        ((c, t) for c in trace for t in range(args.turns)), key=lambda ct: (ct[0].start_s, ct[1])
+    )
+    answer = " ".join(["the"] * args.max_tokens)  # one token a word, as the emulator answers
+    hits, queries = oracle_replay(
+        [(c, t, [answer] * (t + 1)) for c, t in turns],
+        system_prompts(args, "capacity"),
+        args.block_size,
+    )
+    uncached = (queries - hits) / len(turns)
+    per_worker = emulated_profile(args).answers_per_s(args.max_tokens, uncached)
+    return workers * per_worker / args.time_scale, uncached
 
 
 # CPU
@@ -462,6 +544,8 @@ class Outcome:
     inside_vllm: dict[str, float] = field(default_factory=dict)
     cpu: CpuUse = field(default_factory=CpuUse)
     emulator_cpu: float | None = None  # CPU s of the emulated fleet's process meanwhile
+    # The scheduler's index against the emulated workers' true caches, at the side's end.
+    index: Agreement | None = None
 
     @property
     def ok(self) -> list[Answer]:
@@ -521,6 +605,8 @@ async def play(
         side.redis = async_redis()
     async with httpx.AsyncClient(timeout=httpx.Timeout(600.0), headers=side.headers) as client:
         await settle(client, urls)
+        if args.emulated:
+            await forget_index(args.worker_ids)
         before = await counters(client, urls)
         cpu_before = cpu_reading(processes)
         clock = time.perf_counter()
@@ -534,6 +620,9 @@ async def play(
                 side.redis = None
         wall = time.perf_counter() - clock
         cpu_after = cpu_reading(processes)
+        index = None
+        if args.emulated and side.kind != "router":
+            index = await index_against_caches(client, urls, args.worker_ids)
         await settle(client, urls)
         after = await counters(client, urls)
     queries = sum(a.queries - b.queries for a, b in zip(after, before, strict=True))
@@ -548,6 +637,7 @@ async def play(
         hit_rate=hits / queries if queries else 0.0,
         per_worker=[int(a.requests - b.requests) for a, b in zip(after, before, strict=True)],
         cpu=CpuUse(cpu_after.routing - cpu_before.routing, cpu_after.stores - cpu_before.stores),
+        index=index,
         # Means per request, in ms (preemptions: the count).
         inside_vllm={
             name: sum(a.sums[name] - b.sums[name] for a, b in zip(after, before, strict=True))
@@ -703,6 +793,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--think", type=float, default=1.0, help="mean think time, s")
     parser.add_argument("--rate", type=float, default=2.0, help="new conversations per s")
+    parser.add_argument(
+        "--load",
+        default="",
+        help="with --emulated: play the trace at each of these shares of the fleet's capacity "
+        "(e.g. 0.5,0.9,1.2; `capacity` says how it is reckoned) instead of at --rate",
+    )
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument(
         "--nice",
@@ -739,6 +835,8 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    if args.load and not args.emulated:
+        raise SystemExit("--load needs --emulated: the capacity is reckoned from its profile")
     fleet = start_for(args)
     if fleet is not None:
         args.kv_events = ",".join(fleet.kv_events)
@@ -763,32 +861,43 @@ def race(args: argparse.Namespace, fleet: Fleet | None) -> int:
 
     from chatsite.catalog import catalog_changed
     from inference.client import parse_metrics
-    from inference.models import ModelPool
+    from inference.models import ModelPool, Worker
 
     args.served_model = httpx.get(f"{urls[0]}/v1/models", timeout=10).json()["data"][0]["id"]
     args.block_size = parse_metrics(httpx.get(f"{urls[0]}/metrics", timeout=10).text).block_size
     key = prepare(urls, args.served_model)
+    args.worker_ids = [Worker.objects.get(url=url).id for url in urls]
     # The conversation API has no max_tokens of its own: the pool's cap sets its answers'.
     ModelPool.objects.filter(name=settings.DEFAULT_MODEL).update(max_output_tokens=args.max_tokens)
     catalog_changed()
     connections.close_all()
 
-    trace = make_trace(args)
-    outcomes = []
-    for name in args.sides.split(","):
-        before = process_cpu_seconds(urls[0]) if fleet is not None else 0.0
-        outcome = run_side(name.strip(), args, urls, trace, key)
-        if fleet is not None:
-            outcome.emulator_cpu = process_cpu_seconds(urls[0]) - before
-        outcomes.append(outcome)
-    for outcome in outcomes:
-        outcome.oracle = oracle_hit_rate(trace, outcome.ok, outcome.prompts, args)
+    levels: list[float | None] = [None]
+    planned = ""
+    if args.load:
+        levels = [float(level) for level in args.load.split(",")]
+        answers_per_s, uncached = capacity(args, len(urls))
+        planned = (
+            f"\nloads: x capacity, {answers_per_s:.1f} answers/s for this trace on this fleet "
+            f"(each worker at a full batch of {emulated_profile(args).max_num_seqs}, every turn "
+            f"reading only the {uncached:.0f} prompt tokens one unlimited cache would not hold)"
+        )
+    played = []
+    for level in levels:
+        if level is not None:
+            args.rate = level * answers_per_s / args.turns
+        played.append((level, args.rate, play_sides(args, urls, key, fleet)))
     loads = [parse_metrics(httpx.get(f"{u}/metrics", timeout=10).text) for u in urls]
     target = args.ttft_target * (args.time_scale if fleet is not None else 1.0)
+    rates = (
+        f"{args.rate} new conversations/s"
+        if not args.load
+        else "new conversations/s per load below"
+    )
     facts = (
         f"router race: {args.conversations} conversations x {args.turns} turns, "
         f"{args.prompts} shared system prompts of ~{args.system_tokens} tokens, "
-        f"max_tokens {args.max_tokens}, think {args.think} s, {args.rate} new conversations/s, "
+        f"max_tokens {args.max_tokens}, think {args.think} s, {rates}, "
         f"seed {args.seed}"
         + (f", routing processes at niceness {args.nice}" if args.nice else "")
         + (f", {args.burn:.2f} of a core kept busy beside the workers" if args.burn else "")
@@ -804,6 +913,7 @@ def race(args: argparse.Namespace, fleet: Fleet | None) -> int:
             if fleet is not None
             else ""
         )
+        + planned
         + f"\ngoodput: answers with a first token within {args.ttft_target:g} s"
         + (
             f" (x{args.time_scale:g}: {args.ttft_target * args.time_scale:g} s)"
@@ -812,20 +922,57 @@ def race(args: argparse.Namespace, fleet: Fleet | None) -> int:
         )
         + ", per second of the side"
     )
+    report = facts
+    for level, rate, outcomes in played:
+        if level is not None:
+            report += (
+                f"\n\n== load {level:g}x capacity: {rate:.2f} new conversations/s "
+                f"({rate * args.turns:.1f} answers/s)"
+            )
+        report += "\n\n" + level_report(outcomes, args, target)
+    print(report)
+    out = write_result(args.results, "router_race", report)
+    print(f"\nwritten to {out}")
+    return 0
+
+
+def play_sides(
+    args: argparse.Namespace, urls: list[str], key: str, fleet: Fleet | None
+) -> list[Outcome]:
+    """Every side plays the trace `args` make, in turn."""
+    trace = make_trace(args)
+    outcomes = []
+    for name in args.sides.split(","):
+        before = process_cpu_seconds(urls[0]) if fleet is not None else 0.0
+        outcome = run_side(name.strip(), args, urls, trace, key)
+        if fleet is not None:
+            outcome.emulator_cpu = process_cpu_seconds(urls[0]) - before
+        outcomes.append(outcome)
+    for outcome in outcomes:
+        outcome.oracle = oracle_hit_rate(trace, outcome.ok, outcome.prompts, args)
+    return outcomes
+
+
+def level_report(outcomes: list[Outcome], args: argparse.Namespace, target: float) -> str:
+    """The table of one load, with what the scheduler fitted and knew, and `--stages`."""
     speeds = [f"{o.side}: {'; '.join(o.fitted)}" for o in outcomes if o.fitted]
-    report = f"{facts}\n\n{table(outcomes, target)}"
+    indexes = [f"{o.side}: {o.index.describe()}" for o in outcomes if o.index is not None]
+    report = table(outcomes, target)
     if speeds:
         report += "\n\nworkers' speed as the scheduler fitted it:\n" + "\n".join(speeds)
+    if indexes:
+        report += (
+            "\n\nthe scheduler's index against the emulated workers' true caches at each side's "
+            "end (agreement: blocks both name over blocks either names; blocks whose ancestor "
+            "was evicted, which no request reaches, left out):\n" + "\n".join(indexes)
+        )
     if args.stages:
         report += (
             "\n\nwhere the service's first-token time went (ms; latency.py's stages; "
             "for the conversation API, `to client` includes the POST's answer and the stream's "
             f"opening where the first text came before them):\n{stages_table(outcomes)}"
         )
-    print(report)
-    out = write_result(args.results, "router_race", report)
-    print(f"\nwritten to {out}")
-    return 0
+    return report
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--port", type=int, default=9100)
     parser.add_argument("--profile", default="cpu-smollm2", choices=sorted(PROFILES))
     parser.add_argument("--num-blocks", type=int, default=0, help="the KV cache's size in blocks")
+    parser.add_argument(
+        "--max-num-seqs", type=int, default=0, help="answers a worker runs at once (vLLM's)"
+    )
     # A profile fitted elsewhere (`emulator_fidelity.py` fits one to a real worker).
     parser.add_argument("--step-ms", type=float, default=None)
     parser.add_argument("--decode-ms-per-stream", type=float, default=None)
@@ -65,7 +68,9 @@ async def serve(args: argparse.Namespace) -> None:
     from .profiles import profile_named
     from .server import Tokens, Worker
 
-    profile = profile_named(args.profile).with_blocks(args.num_blocks)
+    profile = profile_named(args.profile).sized(
+        num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs
+    )
     fitted = {
         name: getattr(args, name)
         for name in ("step_ms", "decode_ms_per_stream", "prefill_ms_per_token", "block_size")

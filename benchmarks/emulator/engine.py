@@ -96,6 +96,9 @@ class BlockPool:
         self.refs: dict[int, int] = {}  # hashed blocks in use, and their users
         self.idle: OrderedDict[int, None] = OrderedDict()  # cached, unused: LRU first
         self.anonymous = 0  # blocks in use that hold no full hashed block (yet)
+        # Every cached block's parent and tokens: what the cache truly holds, for a
+        # benchmark to compare a router's index with (`Worker.kv_cache`).
+        self.lineage: dict[int, tuple[int | None, tuple[int, ...]]] = {}
 
     @property
     def used(self) -> int:
@@ -125,6 +128,8 @@ class BlockPool:
         evict = max(0, count - free)
         if evict:
             gone = [self.idle.popitem(last=False)[0] for _ in range(evict)]
+            for block_hash in gone:
+                del self.lineage[block_hash]
             self.events.append(("removed", gone))
         self.anonymous += count
         return True
@@ -137,6 +142,7 @@ class BlockPool:
             self.take_cached(block_hash)
             return
         self.refs[block_hash] = 1
+        self.lineage[block_hash] = (parent, tuple(tokens))
         self.events.append(("stored", [block_hash], parent, tokens))
 
     def release(self, hashes: Sequence[int], anonymous: int) -> None:
@@ -157,6 +163,7 @@ class BlockPool:
         if self.refs or self.anonymous:
             return False
         self.idle.clear()
+        self.lineage.clear()
         self.events.append(("cleared",))
         return True
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .profiles import Profile, profile_named
+
 ROOT = Path(__file__).resolve().parent.parent.parent
 
 
@@ -77,6 +79,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--profile", default="h100-8b", help="the emulated workers' profile")
     parser.add_argument("--num-blocks", type=int, default=0, help="emulated KV cache, blocks")
     parser.add_argument(
+        "--max-num-seqs",
+        type=int,
+        default=0,
+        help="answers an emulated worker runs at once (vLLM's max_num_seqs; 0: the profile's)",
+    )
+    parser.add_argument(
         "--time-scale",
         type=float,
         default=1.0,
@@ -96,6 +104,7 @@ def start_for(args: argparse.Namespace) -> Fleet | None:
             *("--kv-events-port", str(free_ports(2 * args.emulated))),
             *("--profile", args.profile, "--time-scale", str(args.time_scale)),
             *(("--num-blocks", str(args.num_blocks)) if args.num_blocks else ()),
+            *(("--max-num-seqs", str(args.max_num_seqs)) if args.max_num_seqs else ()),
         ]
     )
     args.workers = ",".join(fleet.urls)
@@ -104,7 +113,19 @@ def start_for(args: argparse.Namespace) -> Fleet | None:
 
 def describe(args: argparse.Namespace) -> str:
     scale = f", every duration x{args.time_scale:g}" if args.time_scale != 1 else ""
-    return f"emulated workers (benchmarks/emulator), profile {args.profile}{scale}"
+    sizes = "".join(
+        f", {name} {value}"
+        for name, value in (("num_blocks", args.num_blocks), ("max_num_seqs", args.max_num_seqs))
+        if value
+    )
+    return f"emulated workers (benchmarks/emulator), profile {args.profile}{sizes}{scale}"
+
+
+def emulated_profile(args: argparse.Namespace) -> Profile:
+    """The emulated workers' profile as `args` size it."""
+    return profile_named(args.profile).sized(
+        num_blocks=args.num_blocks, max_num_seqs=args.max_num_seqs
+    )
 
 
 def free_ports(count: int) -> int:

@@ -22,8 +22,24 @@ class Profile:
     num_blocks: int
     source: str
 
-    def with_blocks(self, num_blocks: int | None) -> Profile:
-        return self if not num_blocks else replace(self, num_blocks=num_blocks)
+    def sized(self, *, num_blocks: int = 0, max_num_seqs: int = 0) -> Profile:
+        """The same worker with another KV cache size or batch limit (0: the profile's)."""
+        return replace(
+            self,
+            num_blocks=num_blocks or self.num_blocks,
+            max_num_seqs=max_num_seqs or self.max_num_seqs,
+        )
+
+    def answers_per_s(self, output_tokens: int, uncached_tokens: float) -> float:
+        """What one worker serves at most: answers of `output_tokens` tokens per second, each
+        after reading `uncached_tokens` of its prompt, with every step decoding a full batch
+        of `max_num_seqs` answers (the step's fixed part shared by them, each answer's own
+        part and its prompt's reading not)."""
+        per_answer_ms = (
+            output_tokens * (self.step_ms / self.max_num_seqs + self.decode_ms_per_stream)
+            + self.prefill_ms_per_token * uncached_tokens
+        )
+        return 1000 / per_answer_ms
 
 
 PROFILES = {

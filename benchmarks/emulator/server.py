@@ -3,10 +3,12 @@
 `POST /v1/chat/completions` and `/v1/completions` (whole or streamed, `stream_options.
 include_usage`, `priority`, `usage.prompt_tokens_details.cached_tokens`; a client that leaves
 aborts its request), `GET /health`, `GET /v1/models`, `POST /reset_prefix_cache` and
-`GET /metrics` with vLLM's metric names. Prompts are rendered with the pool's chat template
-and tokenized with its tokenizer, as the worker would (`inference.prompts`), so prefix-cache
-hits fall where a real worker's would. The answer is made of words that are one token each,
-so that re-reading the text gives the same tokens (the scheduler's index does that).
+`GET /metrics` with vLLM's metric names; and one route vLLM lacks, `GET /kv_cache`: what the
+cache truly holds (each cached block's hash, its parent's and its token ids), for a benchmark
+to compare a router's index with (`router_race.py`). Prompts are rendered with the pool's chat
+template and tokenized with its tokenizer, as the worker would (`inference.prompts`), so
+prefix-cache hits fall where a real worker's would. The answer is made of words that are one
+token each, so that re-reading the text gives the same tokens (the scheduler's index does that).
 """
 
 from __future__ import annotations
@@ -139,6 +141,7 @@ class Worker:
                 web.get("/v1/models", self.models),
                 web.post("/reset_prefix_cache", self.reset_prefix_cache),
                 web.get("/metrics", self.metrics),
+                web.get("/kv_cache", self.kv_cache),
             ]
         )
         return app
@@ -163,6 +166,13 @@ class Worker:
         if self.engine.reset_prefix_cache():
             return web.Response(status=200)
         return _error(503, "The prefix cache is in use; try again when the worker is idle.")
+
+    async def kv_cache(self, request: web.Request) -> web.Response:
+        pool = self.engine.pool
+        blocks = [
+            [block_hash, parent, tokens] for block_hash, (parent, tokens) in pool.lineage.items()
+        ]
+        return _json_response({"block_size": pool.block_size, "blocks": blocks})
 
     async def chat_completions(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)

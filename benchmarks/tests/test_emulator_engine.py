@@ -14,6 +14,7 @@ import pytest
 from benchmarks.emulator.engine import CacheFull, Engine, Request
 from benchmarks.emulator.events import encode
 from benchmarks.emulator.profiles import PROFILES, Profile
+from benchmarks.emulator.truth import Agreement, reachable_blocks
 from inference.scheduler import kv_events, prefix
 
 BS = 4
@@ -229,6 +230,58 @@ def test_the_events_are_read_by_the_schedulers_decoder_into_its_own_block_hashes
     ours = [h for h in prefix.block_hashes(held_prompt, BS)]
     assert set(ours) <= store.blocks[7]
     assert applier.orphans == 0
+
+
+def lineage(run: Run) -> list[list[Any]]:
+    return [[h, parent, list(t)] for h, (parent, t) in run.engine.pool.lineage.items()]
+
+
+def test_the_true_cache_is_named_as_the_schedulers_index_names_blocks() -> None:
+    run = Run(replace(TINY, num_blocks=6))
+    run.add("a", tokens(100, 2 * BS + 1), answer=2)  # 2 blocks of prompt, a third filled
+    run.until_done()
+    run.add("b", tokens(200, 2 * BS), answer=1)
+    run.until_done()
+    cached, unreachable = reachable_blocks(lineage(run))
+    # Every full block computed: the two of each prompt (the third of the first request's
+    # sequence never fills), chained over the tokens as the index chains them.
+    assert cached == {
+        *prefix.block_hashes(tokens(100, 2 * BS), BS),
+        *prefix.block_hashes(tokens(200, 2 * BS), BS),
+    }
+    assert unreachable == 0
+    # A request of five blocks takes the two free ones and evicts three idle ones, least
+    # recently used first, a sequence's tail before its head: the view follows.
+    run.add("c", tokens(300, 5 * BS), answer=1)
+    run.until_done()
+    cached, unreachable = reachable_blocks(lineage(run))
+    b_head, b_tail = prefix.block_hashes(tokens(200, 2 * BS), BS)
+    assert cached == {*prefix.block_hashes(tokens(300, 5 * BS), BS), b_head}
+    assert b_tail not in cached
+    assert len(run.engine.pool.lineage) == len(run.engine.pool.idle) + len(run.engine.pool.refs)
+    assert run.engine.reset_prefix_cache()
+    assert reachable_blocks(lineage(run)) == (set(), 0)
+
+
+def test_a_cached_block_whose_ancestor_was_evicted_is_counted_unreachable() -> None:
+    head, tail = tokens(1, BS), tokens(50, BS)
+    blocks: list[list[Any]] = [[11, None, head], [12, 11, tail], [13, 99, tokens(90, BS)]]
+    cached, unreachable = reachable_blocks(blocks)
+    assert cached == set(prefix.block_hashes([*head, *tail], BS))
+    assert unreachable == 1
+    # Without its parent, the second block is unreachable too.
+    assert reachable_blocks(blocks[1:]) == (set(), 2)
+
+
+def test_agreement_counts_blocks_both_name_over_blocks_either_names() -> None:
+    found = Agreement()
+    found.add({"a", "b", "c"}, {"b", "c", "d"}, unreachable=2)
+    found.add(set(), {"e"}, unreachable=0)
+    assert (found.indexed, found.cached, found.both, found.unreachable) == (3, 4, 2, 2)
+    assert found.agreement == 2 / 5
+    assert found.precision == 2 / 3 and found.recall == 2 / 4
+    assert Agreement().agreement == 1.0
+    assert "0.400 (2 of 5 blocks" in found.describe()
 
 
 def test_the_published_profiles_are_consistent() -> None:

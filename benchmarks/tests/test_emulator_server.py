@@ -18,9 +18,11 @@ import zmq
 from django.conf import settings
 
 from benchmarks.emulator.launch import free_ports, start_fleet
+from benchmarks.emulator.truth import reachable_blocks
 from chatsite.testing import budget, wait_until
+from inference import prompts
 from inference.client import parse_metrics
-from inference.scheduler import kv_events
+from inference.scheduler import kv_events, prefix
 from inference.tokens import load_tokenizer
 
 SYSTEM = "You are a careful assistant who answers questions about the sea. " * 12
@@ -151,6 +153,25 @@ def test_the_rest_of_the_surface_answers_as_vllm_does(fleet: list[dict[str, Any]
     ).json()
     assert ids["usage"]["prompt_tokens"] == 2
     assert httpx.post(f"{url}/reset_prefix_cache", timeout=budget(10)).status_code == 200
+
+
+def test_the_true_cache_holds_the_prompt_as_the_scheduler_renders_and_hashes_it(
+    fleet: list[dict[str, Any]],
+) -> None:
+    url = fleet[1]["url"]
+    assert httpx.post(f"{url}/reset_prefix_cache", timeout=budget(10)).status_code == 200
+    assert httpx.get(f"{url}/kv_cache", timeout=budget(10)).json()["blocks"] == []
+    chat(url, "Which fish glow in the dark?")
+    cache = httpx.get(f"{url}/kv_cache", timeout=budget(10)).json()
+    assert cache["block_size"] == 16
+    held, unreachable = reachable_blocks(cache["blocks"])
+    messages = [
+        {"role": "system", "content": SYSTEM},
+        {"role": "user", "content": "Which fish glow in the dark?"},
+    ]
+    ids = prompts.token_ids(str(settings.MODEL_DIR), messages)
+    assert set(prefix.block_hashes(ids, 16)) <= held
+    assert unreachable == 0
 
 
 def test_a_client_that_leaves_aborts_its_request(fleet: list[dict[str, Any]]) -> None:

@@ -77,17 +77,18 @@ def test_the_race_plays_the_trace_through_every_kind_of_side(
 
 
 def test_the_race_runs_on_an_emulated_fleet_with_kv_events(tmp_path: Path) -> None:
-    """`--emulated N` starts its own fleet of emulated workers (no real ones needed), and a
-    `+events` side has the scheduler follow their KV events end to end."""
+    """`--emulated N` starts its own fleet of emulated workers (no real ones needed), a
+    `+events` side has the scheduler follow their KV events end to end, its index is compared
+    with the workers' true caches, and `--load` sets the pace from the fleet's capacity."""
     if not (ROOT / ".venv-routers" / "bin" / "vllm-router").exists():
         pytest.fail("the peer routers are missing (make routers-venv)")
     done = run_benchmark(
         "router_race.py",
         [
-            *("--emulated", "2", "--profile", "h100-8b"),
+            *("--emulated", "2", "--profile", "h100-8b", "--max-num-seqs", "4"),
             *("--sides", "vllm-router:round_robin,v1:predicted_ttft+events"),
             *("--conversations", "3", "--turns", "2", "--prompts", "1", "--system-tokens", "140"),
-            *("--max-tokens", "6", "--think", "0", "--rate", "20", "--results", str(tmp_path)),
+            *("--max-tokens", "6", "--think", "0", "--load", "0.5", "--results", str(tmp_path)),
         ],
         database_suffix="_race_emulated_smoke_bench",
         redis_db=12,
@@ -110,3 +111,13 @@ def test_the_race_runs_on_an_emulated_fleet_with_kv_events(tmp_path: Path) -> No
         # Each conversation's second turn finds its first one's blocks (block size 16).
         assert float(row["usage"]) > 0, report
         assert float(row["goodput"]) > 0, report
+    # The pace: half of what two workers of four answers at once serve of this trace.
+    capacity = re.search(r"^loads: x capacity, (?P<answers>[\d.]+) answers/s", report, re.M)
+    assert capacity is not None and float(capacity["answers"]) > 0, report
+    assert re.search(r"^== load 0\.5x capacity: [\d.]+ new conversations/s", report, re.M), report
+    # The index that followed the events names what the caches hold (the issue's bar: 99%).
+    index = re.search(
+        r"^v1:predicted_ttft\+events: (?P<agreement>\d\.\d{3}) \((?P<both>[\d,]+) of", report, re.M
+    )
+    assert index is not None, report
+    assert float(index["agreement"]) >= 0.99 and int(index["both"].replace(",", "")) > 0, report
