@@ -465,6 +465,115 @@ def capacity(args: Any, workers: int) -> tuple[float, float]:
     return workers * per_worker / args.time_scale, uncached
 
 
+# What the fleet simulator predicts
+
+# The live sides fleet_sim.py's policies stand for.
+SIMULATED = {"sglang-router:cache_aware": "sglang", "predicted_ttft": "ours"}
+
+
+def simulated_policy(side: str) -> str | None:
+    """The fleet simulator's policy for a live side, if it has one."""
+    if side in SIMULATED:
+        return SIMULATED[side]
+    kind, _, policy = side.partition(":")
+    return SIMULATED.get(policy.partition("+")[0]) if kind in ("v1", "conversations") else None
+
+
+def predict(
+    trace: list[Conversation], system_texts: Sequence[str], args: Any, workers: int
+) -> dict[str, Any]:
+    """`benchmarks/fleet_sim.py` on this trace and the emulated fleet's profile, per policy a
+    live side plays: its outcome. Each turn's prompt is the one the side sends, rendered and
+    tokenized as the workers do, with answers of `--max-tokens` one-token words; the
+    simulator models the workers alone (no edge, queue or router process in the way)."""
+    from django.conf import settings
+
+    from benchmarks import fleet_sim
+    from inference import prompts as rendering
+
+    folder = str(settings.MODEL_DIR)
+    answer = " ".join(["the"] * args.max_tokens)
+    conversations = []
+    for conversation in trace:
+        messages = [{"role": "system", "content": system_texts[conversation.system]}]
+        questions, answers, said = [], [], 0
+        for question in conversation.questions:
+            messages.append({"role": "user", "content": question})
+            prompt = rendering.token_ids(folder, messages)
+            messages.append({"role": "assistant", "content": answer})
+            whole = rendering.token_ids(folder, messages, add_generation_prompt=False)
+            # The simulator's turn is the tokens said before it, then its question's: the
+            # template keeps a conversation's earlier turns as they were (its prefix).
+            questions.append(prompt[said:])
+            answers.append(whole[len(prompt) : len(prompt) + args.max_tokens])
+            said = len(prompt) + len(answers[-1])
+        conversations.append(
+            fleet_sim.Conversation(
+                index=conversation.index,
+                tier="free",
+                system=[],
+                questions=questions,
+                answers=answers,
+                thinks=[1000 * think for think in conversation.thinks],
+                cancel_after=[None] * len(questions),
+                start_ms=1000 * conversation.start_s,
+            )
+        )
+    profile, scale = emulated_profile(args), args.time_scale
+    model = fleet_sim.WorkerModel(
+        step_ms=profile.step_ms * scale,
+        step_ms_per_stream=profile.decode_ms_per_stream * scale,
+        prefill_ms_per_token=profile.prefill_ms_per_token * scale,
+        chunk_tokens=profile.max_batched_tokens,
+        block_size=profile.block_size,
+        num_blocks=profile.num_blocks,
+        max_streams=profile.max_num_seqs,
+    )
+    # No horizon: every conversation plays to its end.
+    options = argparse.Namespace(seed=args.seed, turns=args.turns, seconds=float("inf"))
+    return {
+        name: fleet_sim.simulate(
+            name, fleet_sim.policy_for(name, model), conversations, workers, model, options
+        )
+        for name in sorted(set(SIMULATED.values()))
+    }
+
+
+def prediction_table(outcomes: list[Outcome], predicted: dict[str, Any]) -> str:
+    """Each live side beside what the simulator predicted for its policy."""
+    rows = []
+    for outcome in outcomes:
+        name = simulated_policy(outcome.side)
+        if name is None:
+            continue
+        sim = predicted[name]
+        live_hit, sim_hit = outcome.usage_hit_rate(), sim.hit_rate()
+        live_p50, sim_p50 = outcome.ttft_ms(50), sim.ttft("free", 50)
+        rows.append(
+            [
+                outcome.side,
+                name,
+                f"{live_hit:.3f} / {sim_hit:.3f}",
+                f"{sim_hit - live_hit:+.3f}",
+                f"{live_p50:,.0f} / {sim_p50:,.0f}",
+                f"{sim_p50 / live_p50:.2f}" if live_p50 else "-",
+                f"{outcome.ttft_ms(99):,.0f} / {sim.ttft('free', 99):,.0f}",
+            ]
+        )
+    return render(
+        [
+            "side",
+            "fleet_sim policy",
+            "hit live / predicted",
+            "hit error",
+            "TTFT p50 ms live / predicted",
+            "p50 predicted / live",
+            "TTFT p99 ms live / predicted",
+        ],
+        rows,
+    )
+
+
 # CPU
 
 
@@ -546,6 +655,8 @@ class Outcome:
     emulator_cpu: float | None = None  # CPU s of the emulated fleet's process meanwhile
     # The scheduler's index against the emulated workers' true caches, at the side's end.
     index: Agreement | None = None
+    # What fleet_sim.py predicted for this trace on the emulated fleet, per policy.
+    predicted: dict[str, Any] = field(default_factory=dict)
 
     @property
     def ok(self) -> list[Answer]:
@@ -950,6 +1061,10 @@ def play_sides(
         outcomes.append(outcome)
     for outcome in outcomes:
         outcome.oracle = oracle_hit_rate(trace, outcome.ok, outcome.prompts, args)
+    if fleet is not None and any(simulated_policy(o.side) for o in outcomes):
+        predicted = predict(trace, outcomes[0].prompts, args, len(urls))
+        for outcome in outcomes:
+            outcome.predicted = predicted
     return outcomes
 
 
@@ -965,6 +1080,13 @@ def level_report(outcomes: list[Outcome], args: argparse.Namespace, target: floa
             "\n\nthe scheduler's index against the emulated workers' true caches at each side's "
             "end (agreement: blocks both name over blocks either names; blocks whose ancestor "
             "was evicted, which no request reaches, left out):\n" + "\n".join(indexes)
+        )
+    predicted = next((o.predicted for o in outcomes if o.predicted), None)
+    if predicted:
+        report += (
+            "\n\nwhat benchmarks/fleet_sim.py predicted for the same trace on the same "
+            "profile, its policy standing for each side (hit: cached over prompt tokens, "
+            "as the answers' usage says):\n" + prediction_table(outcomes, predicted)
         )
     if args.stages:
         report += (

@@ -23,6 +23,12 @@ its unloaded p99 (the issue's target: at most 2) and over the p99 of the pro bur
 For the cancelled answers: how many had reached a worker (the others cost the workers
 nothing) and the output tokens the workers spent on them.
 
+With `--heavy H`, the free sends come from `--light-users` users sending the same number each
+and one heavy user sending H times as many, in a random order; the report then says how the
+fair queue (`inference.queue`: start-time fair queuing by tokens, as VTC) shared the tier:
+while every other free user still had an answer waiting, the tokens each was admitted, and the
+heavy user's lead over the least served against VTC's bound (twice one request's cost).
+
 The sides: `even` (every tier may fill the whole worker: admission as before tier shares),
 `tiered` (the defaults: free 0.75, plus 1.0, pro 1.25) and `wide` (pro up to twice the
 worker), alternated per `--rounds`.
@@ -91,6 +97,88 @@ class Outcome:
     cancelled_waiting: int = 0
     cancelled_tokens: int = 0
     seconds: float = 0.0
+    fairness: Fairness | None = None
+
+
+@dataclass
+class Fairness:
+    """Within the free tier, one heavy user against the others, over `window_s` of the
+    surge (`fairness`) in which every user had answers waiting: what each was admitted, in
+    the tokens the fair queue counts (prompt and answer limit)."""
+
+    window_s: float
+    heavy_tokens: int
+    others_tokens: list[int]
+    largest_cost: int  # of one request admitted in the window
+    heavy_sent: float  # the heavy user's share of the tier's sends
+    heavy_served: float  # its share of the tokens admitted in the window
+
+    @property
+    def lead(self) -> int:
+        """How far the heavy user got ahead of the least served other one, in tokens."""
+        return self.heavy_tokens - min(self.others_tokens)
+
+    @property
+    def bound(self) -> int:
+        """VTC's bound on the service difference of two users waiting all along: twice the
+        largest cost of one request (Sheng et al., OSDI '24, theorem 4.4, for the
+        start-tag queue the scheduler keeps)."""
+        return 2 * self.largest_cost
+
+    def describe(self) -> str:
+        if not self.window_s:
+            return "no free user had to wait once every send was queued: nothing to share"
+        mean = sum(self.others_tokens) / len(self.others_tokens)
+        return (
+            f"the heavy user sent {self.heavy_sent:.0%} of the free sends and was admitted "
+            f"{self.heavy_served:.0%} of the free tokens admitted in the {self.window_s:.1f} s "
+            f"when every free user had answers waiting ({len(self.others_tokens)} others): "
+            f"{self.heavy_tokens:,} tokens against the others' {min(self.others_tokens):,}-"
+            f"{max(self.others_tokens):,} (mean {mean:,.0f}); its lead over the least served "
+            f"{self.lead:,} tokens, VTC's bound {self.bound:,}: "
+            + ("within" if self.lead <= self.bound else "OVER")
+        )
+
+
+def heavy_mix(
+    heavy: Any, others: list[Any], total: int, times: float, rng: random.Random
+) -> list[Any]:
+    """Who sends each of `total` free sends: each of `others` the same number, `heavy` `times`
+    as many, in a random order."""
+    each = max(1, round(total / (len(others) + times)))
+    senders = [user for user in others for _ in range(each)]
+    senders += [heavy] * max(1, total - len(senders))
+    rng.shuffle(senders)
+    return senders
+
+
+def row_cost(row: Any) -> int:
+    """A generation's cost as the fair queue counts it: its prompt and its answer's limit."""
+    return int(row.prompt_tokens or 0) + int(row.max_tokens)
+
+
+def fairness(
+    admitted: dict[str, list[tuple[float, int]]], *, heavy: str, heavy_sent: float, since: float
+) -> Fairness:
+    """`admitted`: per user, (seconds into the surge, cost) of each of its answers admitted;
+    `since`: when the last of the tier's sends was queued. The window runs from then until
+    the first of the other users had its last answer admitted: all along, every user had
+    answers waiting (the setting of VTC's bound); before it, sends were still arriving and
+    the first were admitted as they came."""
+    others = [user for user in admitted if user != heavy]
+    until = min(max((at for at, _ in admitted[user]), default=0.0) for user in others)
+    inside = {
+        user: [cost for at, cost in admitted[user] if since < at <= until] for user in admitted
+    }
+    total = sum(sum(costs) for costs in inside.values())
+    return Fairness(
+        window_s=max(0.0, until - since),
+        heavy_tokens=sum(inside[heavy]),
+        others_tokens=[sum(inside[user]) for user in others],
+        largest_cost=max((cost for costs in inside.values() for cost in costs), default=0),
+        heavy_sent=heavy_sent,
+        heavy_served=sum(inside[heavy]) / total if total else 0.0,
+    )
 
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
@@ -103,6 +191,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--pro", type=int, default=15)
     parser.add_argument("--pro-after", type=float, default=0.5, help="s after the free burst")
     parser.add_argument("--cancel", type=int, default=10, help="free answers cancelled")
+    parser.add_argument(
+        "--heavy",
+        type=float,
+        default=0.0,
+        help="one free user sends this many times as many of the free sends as each of "
+        "--light-users others (0: one free user sends them all); the report then says how "
+        "the fair queue shared the tier among them",
+    )
+    parser.add_argument("--light-users", type=int, default=4)
     parser.add_argument("--unloaded", type=int, default=6)
     parser.add_argument("--concurrency", type=int, default=8, help="answers per worker")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -194,21 +291,22 @@ def send(user: Any, pool: Any, system_prompt: str, question: str) -> str:
     return gid
 
 
-async def burst(user: Any, pool: Any, system_prompt: str, questions: list[str]) -> list[str | None]:
-    """One send per question, each in a new conversation, as many at once as the service
-    takes them (the conversations are opened beforehand); None for a refused send."""
+async def burst(sends: list[tuple[Any, str]], pool: Any, system_prompt: str) -> list[str | None]:
+    """One send per (user, question), each in a new conversation of its user, as many at once
+    as the service takes them (the conversations are opened beforehand); None for a refused
+    send."""
     from asgiref.sync import sync_to_async
 
     conversations = [
-        await sync_to_async(open_conversation)(user, pool, system_prompt) for _ in questions
+        await sync_to_async(open_conversation)(user, pool, system_prompt) for user, _ in sends
     ]
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(max_workers=8) as pool_of_threads:
-        sends = [
+        sent = [
             loop.run_in_executor(pool_of_threads, send_in, user, conversation, question)
-            for conversation, question in zip(conversations, questions, strict=True)
+            for conversation, (user, question) in zip(conversations, sends, strict=True)
         ]
-        return list(await asyncio.gather(*sends))
+        return list(await asyncio.gather(*sent))
 
 
 def accepted(sent: list[str | None]) -> list[str]:
@@ -277,6 +375,7 @@ async def run_side(
 ) -> Outcome:
     from asgiref.sync import sync_to_async
     from django.conf import settings
+    from django.utils import timezone
 
     from inference.models import Generation
     from inference.scheduler import Scheduler
@@ -287,6 +386,14 @@ async def run_side(
     free_user = await sync_to_async(make_user)(f"surge-free-{tag}", "free", args.max_tokens)
     pro_user = await sync_to_async(make_user)(f"surge-pro-{tag}", "pro", args.max_tokens)
     rng = random.Random(args.seed + round_)
+    free_senders = [free_user] * args.free
+    others: list[Any] = []
+    if args.heavy:
+        others = [
+            await sync_to_async(make_user)(f"surge-free{n}-{tag}", "free", args.max_tokens)
+            for n in range(args.light_users)
+        ]
+        free_senders = heavy_mix(free_user, others, args.free, args.heavy, rng)
     # One system prompt per run and side, so no side finds another's blocks cached.
     system_prompt = f"Session {tag}. {SYSTEM_HEAD}"
 
@@ -310,16 +417,17 @@ async def run_side(
             unloaded.append(gid)
         alone = accepted(
             await burst(
-                pro_user, pool, system_prompt, [question(3000 + i) for i in range(args.pro)]
+                [(pro_user, question(3000 + i)) for i in range(args.pro)], pool, system_prompt
             )
         )
         await wait_final(alone, within=args.max_queue + 600)
         started = loop.time()
-        free_questions = [question(1000 + i) for i in range(args.free)]
-        pro_questions = [question(2000 + i) for i in range(args.pro)]
-        free_task = asyncio.create_task(burst(free_user, pool, system_prompt, free_questions))
+        surge_began = timezone.now()
+        free_sends = [(user, question(1000 + i)) for i, user in enumerate(free_senders)]
+        pro_sends = [(pro_user, question(2000 + i)) for i in range(args.pro)]
+        free_task = asyncio.create_task(burst(free_sends, pool, system_prompt))
         await asyncio.sleep(args.pro_after)
-        pro_sent = await burst(pro_user, pool, system_prompt, pro_questions)
+        pro_sent = await burst(pro_sends, pool, system_prompt)
         free_sent = await free_task
         pro, free = accepted(pro_sent), accepted(free_sent)
         await asyncio.sleep(1.0)
@@ -332,6 +440,21 @@ async def run_side(
         scheduler.stop()
         await task
     outcome = Outcome(side=side, round=round_, unloaded_ms=[], tiers={}, seconds=seconds)
+    if others:
+        rows = await sync_to_async(rows_of)(free)
+        outcome.fairness = fairness(
+            {
+                str(user.id): [
+                    ((row.admitted_at - surge_began).total_seconds(), row_cost(row))
+                    for row in rows
+                    if row.user_id == user.id and row.admitted_at is not None
+                ]
+                for user in [free_user, *others]
+            },
+            heavy=str(free_user.id),
+            heavy_sent=free_senders.count(free_user) / len(free_senders),
+            since=max((row.enqueued_at - surge_began).total_seconds() for row in rows),
+        )
     for ids, found in ((unloaded, outcome.unloaded_ms), (alone, outcome.alone_ms)):
         for row in await sync_to_async(rows_of)(ids):
             if (ms := ttft_ms(row)) is not None:
@@ -420,9 +543,19 @@ async def benchmark(args: argparse.Namespace) -> str:
         f"Surge: {args.free} free + {args.pro} pro sends at once on {len(urls)} worker(s) of "
         f"{args.concurrency} answers each, {args.max_tokens} tokens per answer, "
         f"{args.cancel} free cancelled after 1 s; TTFT in ms from enqueue (scheduler's record)."
+        + (
+            f"\nThe free sends: one heavy user {args.heavy:g} times as many as each of "
+            f"{args.light_users} others, in a random order."
+            if args.heavy
+            else ""
+        )
         + (f"\n{describe(args)}." if args.emulated else "")
     )
-    return header + "\n\n" + table(outcomes)
+    report = header + "\n\n" + table(outcomes)
+    fair = [f"{o.side} {o.round}: {o.fairness.describe()}" for o in outcomes if o.fairness]
+    if fair:
+        report += "\n\nfairness within the free tier:\n" + "\n".join(fair)
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -121,3 +121,13 @@ def test_the_race_runs_on_an_emulated_fleet_with_kv_events(tmp_path: Path) -> No
     )
     assert index is not None, report
     assert float(index["agreement"]) >= 0.99 and int(index["both"].replace(",", "")) > 0, report
+    # The fleet simulator's prediction for the same trace and profile, beside the live side.
+    predicted = re.search(
+        r"^v1:predicted_ttft\+events\s+ours\s+(?P<live>\d\.\d{3}) / (?P<sim>\d\.\d{3})\s+"
+        r"[+-]\d\.\d{3}\s+(?P<live_p50>[\d,]+) / (?P<sim_p50>[\d,]+)\s",
+        report.split("what benchmarks/fleet_sim.py predicted")[1],
+        re.M,
+    )
+    assert predicted is not None, report
+    # The second turn of each conversation finds its first in the simulated caches too.
+    assert float(predicted["sim"]) > 0 and int(predicted["sim_p50"].replace(",", "")) > 0, report

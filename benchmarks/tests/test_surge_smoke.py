@@ -51,12 +51,14 @@ def test_the_surge_is_played_on_both_sides(real_workers: list[RealWorker], tmp_p
 
 def test_the_surge_runs_on_an_emulated_fleet(tmp_path: Path) -> None:
     """`--emulated N` starts its own fleet (no real workers needed), ten times slower than the
-    profile so that the bursts overlap the answers."""
+    profile so that the bursts overlap the answers; one heavy free user sends three times as
+    many as each of two others, and the report says how the tier was shared."""
     done = run_benchmark(
         "surge.py",
         [
             *("--emulated", "2", "--profile", "h100-8b", "--time-scale", "10"),
             *("--sides", "tiered", "--free", "6", "--pro", "2", "--cancel", "2"),
+            *("--heavy", "3", "--light-users", "2"),
             *("--unloaded", "2", "--concurrency", "2", "--max-tokens", "8"),
             *("--results", str(tmp_path)),
         ],
@@ -71,3 +73,12 @@ def test_the_surge_runs_on_an_emulated_fleet(tmp_path: Path) -> None:
     )
     assert row is not None, report
     assert row["pro_ended"] == "complete=2", report
+    fair = re.search(
+        r"^tiered 1: (?P<figure>.+)$", report.split("fairness within the free tier:")[1], re.M
+    )
+    assert fair is not None, report
+    # Sends of so few users may all be admitted as they arrive; where some waited, the
+    # figure reads the tokens each was admitted against VTC's bound.
+    assert fair["figure"].startswith(("the heavy user sent 67%", "no free user had to wait")), (
+        report
+    )
