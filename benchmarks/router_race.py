@@ -57,7 +57,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -115,6 +115,7 @@ class Conversation:
     system: int  # which shared system prompt
     questions: list[str]
     thinks: list[float]
+    tier: str = "pro"  # its user's plan (`--paid`)
 
 
 def make_trace(args: argparse.Namespace) -> list[Conversation]:
@@ -127,6 +128,12 @@ def make_trace(args: argparse.Namespace) -> list[Conversation]:
         questions[0] = f"Hello, I am member {index + 1}. {questions[0]}"
         thinks = [rng.expovariate(1 / args.think) if args.think > 0 else 0.0 for _ in questions]
         trace.append(Conversation(index, at, rng.randrange(args.prompts), questions, thinks))
+    if args.paid:
+        # Drawn apart, so that the rest of a seed's trace stays as it was without tiers.
+        tiers = random.Random(args.seed + 1)
+        for at_index, conversation in enumerate(trace):
+            paid = tiers.random() < args.paid
+            trace[at_index] = replace(conversation, tier="pro" if paid else "free")
     return trace
 
 
@@ -164,6 +171,7 @@ class Answer:
     cached_tokens: int = 0
     text: str = ""
     error: str | None = None
+    tier: str = "pro"
     # Where a service answer's first-token time went (`--stages`; latency.py's stages).
     stages: dict[str, float] = field(default_factory=dict)
 
@@ -175,6 +183,10 @@ class Side:
     base_url: str = ""
     model: str = ""
     headers: dict[str, str] = field(default_factory=dict)
+    # `--paid`: a free conversation's headers (the service: a free user's key), and the
+    # priority a peer router passes on to vLLM per tier, as the service sends it.
+    free_headers: dict[str, str] = field(default_factory=dict)
+    priorities: dict[str, int] = field(default_factory=dict)
     # The service's Redis, for tracing its answers' stages (`--stages`); None: not traced.
     redis: Any = None
 
@@ -187,9 +199,14 @@ async def trace_stages(side: Side, answer: Answer, generation_id: str, sent: flo
 
 
 async def openai_turn(
-    client: httpx.AsyncClient, side: Side, messages: list[dict[str, str]], answer: Answer, args: Any
+    client: httpx.AsyncClient,
+    side: Side,
+    messages: list[dict[str, str]],
+    answer: Answer,
+    args: Any,
+    tier: str,
 ) -> None:
-    body = {
+    body: dict[str, Any] = {
         "model": side.model,
         "messages": messages,
         "max_tokens": args.max_tokens,
@@ -197,10 +214,15 @@ async def openai_turn(
         "stream": True,
         "stream_options": {"include_usage": True},
     }
+    if tier in side.priorities:
+        body["priority"] = side.priorities[tier]
+    headers = side.free_headers if tier == "free" else {}
     started = time.perf_counter()
     sent = now_ms()
     chunks = 0
-    async with client.stream("POST", f"{side.base_url}/v1/chat/completions", json=body) as response:
+    async with client.stream(
+        "POST", f"{side.base_url}/v1/chat/completions", json=body, headers=headers
+    ) as response:
         if response.status_code != 200:
             answer.error = f"HTTP {response.status_code}: {(await response.aread())[:200]!r}"
             return
@@ -226,20 +248,26 @@ async def openai_turn(
 
 
 async def conversation_turn(
-    client: httpx.AsyncClient, side: Side, conversation_id: str, question: str, answer: Answer
+    client: httpx.AsyncClient,
+    side: Side,
+    conversation_id: str,
+    question: str,
+    answer: Answer,
+    headers: dict[str, str],
 ) -> None:
     started = time.perf_counter()
     sent_ms = now_ms()
     sent = await client.post(
         f"{side.base_url}/api/v1/conversations/{conversation_id}/messages",
         json={"content": question},
+        headers=headers,
     )
     if sent.status_code >= 300:
         answer.error = f"HTTP {sent.status_code}: {sent.text[:200]}"
         return
     generation = sent.json()["generation"]
     stream_url = generation["stream_url"]
-    async with client.stream("GET", f"{side.base_url}{stream_url}") as response:
+    async with client.stream("GET", f"{side.base_url}{stream_url}", headers=headers) as response:
         async for event, data in sse_events(response):
             if event == "delta":
                 answer.text += json.loads(data).get("text", "")
@@ -268,22 +296,27 @@ async def converse(
     system = prompts[conversation.system]
     messages = [{"role": "system", "content": system}]
     conversation_id = ""
+    headers = side.free_headers if conversation.tier == "free" else {}
     if side.kind == "conversations":
         created = await client.post(
-            f"{side.base_url}/api/v1/conversations", json={"system_prompt": system}
+            f"{side.base_url}/api/v1/conversations",
+            json={"system_prompt": system},
+            headers=headers,
         )
         created.raise_for_status()
         conversation_id = created.json()["id"]
     answers = []
     for turn, question in enumerate(conversation.questions):
-        answer = Answer(conversation.index, turn, sent_at=time.perf_counter() - clock)
+        answer = Answer(
+            conversation.index, turn, sent_at=time.perf_counter() - clock, tier=conversation.tier
+        )
         answers.append(answer)
         try:
             if side.kind == "conversations":
-                await conversation_turn(client, side, conversation_id, question, answer)
+                await conversation_turn(client, side, conversation_id, question, answer, headers)
             else:
                 messages.append({"role": "user", "content": question})
-                await openai_turn(client, side, messages, answer, args)
+                await openai_turn(client, side, messages, answer, args, conversation.tier)
                 messages.append({"role": "assistant", "content": answer.text})
         except (httpx.HTTPError, ValueError, KeyError) as exc:
             answer.error = f"{type(exc).__name__}: {exc}"[:200]
@@ -510,7 +543,8 @@ def predict(
         conversations.append(
             fleet_sim.Conversation(
                 index=conversation.index,
-                tier="free",
+                # The simulator's workers take "paid" turns first, as vLLM's priority does.
+                tier="paid" if conversation.tier == "pro" else "free",
                 system=[],
                 questions=questions,
                 answers=answers,
@@ -548,7 +582,10 @@ def prediction_table(outcomes: list[Outcome], predicted: dict[str, Any]) -> str:
             continue
         sim = predicted[name]
         live_hit, sim_hit = outcome.usage_hit_rate(), sim.hit_rate()
-        live_p50, sim_p50 = outcome.ttft_ms(50), sim.ttft("free", 50)
+        simulated = [
+            t.first_token_ms - t.arrival_ms for t in sim.turns if t.first_token_ms is not None
+        ]
+        live_p50, sim_p50 = outcome.ttft_ms(50), percentile(simulated, 50)
         rows.append(
             [
                 outcome.side,
@@ -557,7 +594,7 @@ def prediction_table(outcomes: list[Outcome], predicted: dict[str, Any]) -> str:
                 f"{sim_hit - live_hit:+.3f}",
                 f"{live_p50:,.0f} / {sim_p50:,.0f}",
                 f"{sim_p50 / live_p50:.2f}" if live_p50 else "-",
-                f"{outcome.ttft_ms(99):,.0f} / {sim.ttft('free', 99):,.0f}",
+                f"{outcome.ttft_ms(99):,.0f} / {percentile(simulated, 99):,.0f}",
             ]
         )
     return render(
@@ -662,8 +699,9 @@ class Outcome:
     def ok(self) -> list[Answer]:
         return [a for a in self.answers if a.error is None and a.ttft is not None]
 
-    def ttft_ms(self, q: float) -> float:
-        return 1000 * percentile([a.ttft for a in self.ok if a.ttft is not None], q)
+    def ttft_ms(self, q: float, tier: str | None = None) -> float:
+        values = [a.ttft for a in self.ok if a.ttft is not None and tier in (None, a.tier)]
+        return 1000 * percentile(values, q) if values else float("nan")
 
     def usage_hit_rate(self) -> float:
         """Cached over prompt tokens as each answer's usage reported them: counted once per
@@ -804,6 +842,8 @@ def run_side(name: str, args: Any, urls: list[str], trace: list[Conversation], k
             command = [*nice, *router_command(kind, policy, urls, port, args.routers_venv)]
             processes.append(start(command, logs / f"{kind}.log", service_env()))
             side = Side(name, "router", f"http://127.0.0.1:{port}", args.served_model)
+            if args.paid:
+                side.priorities = dict(settings.INFERENCE_TIER_PRIORITY)
             wait_up(f"{side.base_url}/v1/models", processes[0], logs / f"{kind}.log")
         elif kind in ("v1", "conversations"):
             env = {**service_env(), "SCHEDULER_PLACEMENT": policy}
@@ -828,6 +868,7 @@ def run_side(name: str, args: Any, urls: list[str], trace: list[Conversation], k
                 f"http://127.0.0.1:{port}",
                 settings.DEFAULT_MODEL,
                 {"Authorization": f"Bearer {key}"},
+                {"Authorization": f"Bearer {args.free_key}"} if args.paid else {},
             )
             wait_up(f"{side.base_url}/v1/models", processes[0], logs / "edge.log")
         else:
@@ -912,6 +953,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--seed", type=int, default=15)
     parser.add_argument(
+        "--paid",
+        type=float,
+        default=0.0,
+        help="this share of the conversations by pro users, the rest by free ones (0: every "
+        "conversation by one pro user); the routers send vLLM each tier's priority",
+    )
+    parser.add_argument(
         "--nice",
         type=int,
         default=0,
@@ -977,6 +1025,7 @@ def race(args: argparse.Namespace, fleet: Fleet | None) -> int:
     args.served_model = httpx.get(f"{urls[0]}/v1/models", timeout=10).json()["data"][0]["id"]
     args.block_size = parse_metrics(httpx.get(f"{urls[0]}/metrics", timeout=10).text).block_size
     key = prepare(urls, args.served_model)
+    args.free_key = free_user_key() if args.paid else ""
     args.worker_ids = [Worker.objects.get(url=url).id for url in urls]
     # The conversation API has no max_tokens of its own: the pool's cap sets its answers'.
     ModelPool.objects.filter(name=settings.DEFAULT_MODEL).update(max_output_tokens=args.max_tokens)
@@ -1047,6 +1096,48 @@ def race(args: argparse.Namespace, fleet: Fleet | None) -> int:
     return 0
 
 
+def free_user_key() -> str:
+    """The raw API key of a user on a free plan as roomy as the bench user's pro one: only
+    the tier differs (its priority, its share of a worker, its queue)."""
+    from django.contrib.auth.models import User
+
+    from accounts.services import api_key_create
+    from billing.models import Plan
+    from billing.services import subscription_set
+
+    plan, _ = Plan.objects.get_or_create(
+        slug="race-free",
+        defaults={
+            "name": "Race free",
+            "tier": "free",
+            "requests_per_minute": 100_000,
+            "tokens_per_minute": 100_000_000,
+            "max_concurrent": 1_000,
+            "max_output_tokens": 4_096,
+        },
+    )
+    user = User.objects.create_user(username=f"race-free-{secrets.token_hex(4)}")
+    subscription_set(user=user, plan=plan)
+    return api_key_create(user=user, name="benchmark", store_conversations=False)[1]
+
+
+def tiers_table(outcomes: list[Outcome]) -> str:
+    """`--paid`: each side's first-token times per tier, and its errors per tier."""
+    rows = [
+        [
+            o.side,
+            *(
+                f"{o.ttft_ms(50, tier):,.0f} / {o.ttft_ms(99, tier):,.0f} "
+                f"({sum(a.tier == tier for a in o.ok)} ok, "
+                f"{sum(a.tier == tier and a.error is not None for a in o.answers)} errors)"
+                for tier in ("pro", "free")
+            ),
+        ]
+        for o in outcomes
+    ]
+    return render(["side", "pro TTFT p50 / p99 ms", "free TTFT p50 / p99 ms"], rows)
+
+
 def play_sides(
     args: argparse.Namespace, urls: list[str], key: str, fleet: Fleet | None
 ) -> list[Outcome]:
@@ -1073,6 +1164,11 @@ def level_report(outcomes: list[Outcome], args: argparse.Namespace, target: floa
     speeds = [f"{o.side}: {'; '.join(o.fitted)}" for o in outcomes if o.fitted]
     indexes = [f"{o.side}: {o.index.describe()}" for o in outcomes if o.index is not None]
     report = table(outcomes, target)
+    if args.paid:
+        report += (
+            f"\n\nper tier ({args.paid:.0%} of the conversations by pro users; the routers pass "
+            "on the priority the service gives each tier):\n" + tiers_table(outcomes)
+        )
     if speeds:
         report += "\n\nworkers' speed as the scheduler fitted it:\n" + "\n".join(speeds)
     if indexes:

@@ -79,7 +79,8 @@ def test_the_race_plays_the_trace_through_every_kind_of_side(
 def test_the_race_runs_on_an_emulated_fleet_with_kv_events(tmp_path: Path) -> None:
     """`--emulated N` starts its own fleet of emulated workers (no real ones needed), a
     `+events` side has the scheduler follow their KV events end to end, its index is compared
-    with the workers' true caches, and `--load` sets the pace from the fleet's capacity."""
+    with the workers' true caches, `--load` sets the pace from the fleet's capacity, and
+    `--paid` mixes pro and free users (the router told each tier's priority)."""
     if not (ROOT / ".venv-routers" / "bin" / "vllm-router").exists():
         pytest.fail("the peer routers are missing (make routers-venv)")
     done = run_benchmark(
@@ -89,6 +90,7 @@ def test_the_race_runs_on_an_emulated_fleet_with_kv_events(tmp_path: Path) -> No
             *("--sides", "vllm-router:round_robin,v1:predicted_ttft+events"),
             *("--conversations", "3", "--turns", "2", "--prompts", "1", "--system-tokens", "140"),
             *("--max-tokens", "6", "--think", "0", "--load", "0.5", "--results", str(tmp_path)),
+            *("--paid", "0.4"),
         ],
         database_suffix="_race_emulated_smoke_bench",
         redis_db=12,
@@ -131,3 +133,15 @@ def test_the_race_runs_on_an_emulated_fleet_with_kv_events(tmp_path: Path) -> No
     assert predicted is not None, report
     # The second turn of each conversation finds its first in the simulated caches too.
     assert float(predicted["sim"]) > 0 and int(predicted["sim_p50"].replace(",", "")) > 0, report
+    # Pro and free conversations, each answered, per side (seed 15 draws one pro, two free).
+    tiers = report.split("per tier (40% of the conversations by pro users")[1]
+    for side in ("vllm-router:round_robin", "v1:predicted_ttft+events"):
+        row = re.search(
+            rf"^{re.escape(side)}\s+[\d,]+ / [\d,]+ \((?P<pro>\d+) ok, 0 errors\)\s+"
+            r"[\d,]+ / [\d,]+ \((?P<free>\d+) ok, 0 errors\)\s*$",
+            tiers,
+            re.M,
+        )
+        assert row is not None, report
+        assert int(row["pro"]) > 0 and int(row["free"]) > 0, report
+        assert int(row["pro"]) + int(row["free"]) == 6, report
