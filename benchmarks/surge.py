@@ -200,6 +200,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "the fair queue shared the tier among them",
     )
     parser.add_argument("--light-users", type=int, default=4)
+    parser.add_argument(
+        "--pressure-queued",
+        type=int,
+        default=None,
+        help="SCHEDULER_PRESSURE_QUEUED for the run (free answers queued past which a new "
+        "free conversation is refused with 429; 0: never): a larger value keeps every user's "
+        "sends in the queue, where the fair queue shares the tier (default: the setting)",
+    )
     parser.add_argument("--unloaded", type=int, default=6)
     parser.add_argument("--concurrency", type=int, default=8, help="answers per worker")
     parser.add_argument("--max-tokens", type=int, default=64)
@@ -550,6 +558,12 @@ async def benchmark(args: argparse.Namespace) -> str:
             else ""
         )
         + (f"\n{describe(args)}." if args.emulated else "")
+        + (
+            f"\nNew free conversations refused with 429 past {args.pressure_queued} queued "
+            "(0: never)."
+            if args.pressure_queued is not None
+            else ""
+        )
     )
     report = header + "\n\n" + table(outcomes)
     fair = [f"{o.side} {o.round}: {o.fairness.describe()}" for o in outcomes if o.fairness]
@@ -567,6 +581,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     settings.INFERENCE_WORKERS = []
     settings.SCHEDULER_MAX_QUEUE_SECONDS = args.max_queue
+    if args.pressure_queued is not None:
+        settings.SCHEDULER_PRESSURE_QUEUED = args.pressure_queued
     logging.getLogger("inference").setLevel(logging.WARNING)
     prepare_stores()
     fleet = start_for(args)
