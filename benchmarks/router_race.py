@@ -34,6 +34,13 @@ The oracle's hit rate (one cache of unlimited size holding every block sent befo
 workers' own block size, replaying the side's own prompts and answers) is the limit any
 placement can reach.
 
+On an emulated fleet (`--emulated N`, `benchmarks/emulator`), also: `--load 0.5,0.9,1.2`
+plays the trace at those shares of the fleet's capacity for it (`capacity`) instead of at
+`--rate`; each service side's index is compared at its end with what the workers' caches truly
+hold (`benchmarks/emulator/truth.py`); and `fleet_sim.py` is run on the same trace and profile,
+its prediction printed beside each live side its policy stands for. `--paid S` gives that share
+of the conversations to pro users and the rest to free ones, real or emulated workers alike.
+
     DATABASE_URL=postgres://postgres@127.0.0.1:5432/chatsite_race_bench \\
     REDIS_URL=redis://127.0.0.1:6379/8 SECRET_KEY=x \\
     .venv/bin/python benchmarks/router_race.py --workers http://127.0.0.1:8201,http://127.0.0.1:8202
