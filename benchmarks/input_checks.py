@@ -59,7 +59,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     # What router_race.make_trace reads besides these.
-    args.rate, args.think = 4.0, 0.0
+    args.rate, args.think, args.paid = 4.0, 0.0, 0.0
     return args
 
 
