@@ -106,9 +106,10 @@ DEFAULT_SIDES = (
 )
 # What makes the shared system prompts differ from each other from their first block on.
 # After an emulated fleet goes idle, the index is compared with its caches until two readings
-# this far apart agree (its last KV events may still be on their way), at most this often.
-EVENTS_SETTLE_S = 0.5
-EVENTS_SETTLE_TRIES = 20
+# this far apart agree (its last KV events may still be on their way to a scheduler that a busy
+# machine keeps waiting), at most this often.
+EVENTS_SETTLE_S = 1.0
+EVENTS_SETTLE_TRIES = 15
 DOMAINS = ["bicycle cooperative", "public library", "swimming pool", "community garden"]
 
 
