@@ -192,11 +192,7 @@ def bootstrap() -> None:
 def prepare(urls: list[str], served_model: str) -> str:
     """Register the pool and a bench user on a roomy plan; returns the user's raw API key."""
     from django.conf import settings
-    from django.contrib.auth.models import User
 
-    from accounts.services import api_key_create
-    from billing.models import Plan
-    from billing.services import subscription_set
     from inference.models import ModelPool, Worker
 
     pool, _ = ModelPool.objects.update_or_create(
@@ -206,11 +202,23 @@ def prepare(urls: list[str], served_model: str) -> str:
     Worker.objects.filter(pool=pool).delete()
     for index, url in enumerate(urls):
         Worker.objects.create(pool=pool, name=f"bench-{index}", url=url, state=Worker.State.HEALTHY)
+    return bench_key(tier="pro")
+
+
+def bench_key(*, tier: str) -> str:
+    """A new bench user on a roomy plan of `tier` (limits far past any benchmark's); returns
+    its raw API key, which keeps no conversations."""
+    from django.contrib.auth.models import User
+
+    from accounts.services import api_key_create
+    from billing.models import Plan
+    from billing.services import subscription_set
+
     plan, _ = Plan.objects.get_or_create(
-        slug="openai-benchmark",
+        slug="openai-benchmark" if tier == "pro" else f"openai-benchmark-{tier}",
         defaults={
-            "name": "OpenAI benchmark",
-            "tier": "pro",
+            "name": f"OpenAI benchmark ({tier})",
+            "tier": tier,
             "requests_per_minute": 100_000,
             "tokens_per_minute": 100_000_000,
             "max_concurrent": 1_000,

@@ -93,7 +93,7 @@ from benchmarks.emulator.launch import (  # noqa: E402
 )
 from benchmarks.emulator.truth import Agreement, agreement  # noqa: E402
 from benchmarks.latency import STAGES, now_ms, server_marks, stages  # noqa: E402
-from benchmarks.openai_api import prepare, start, stop, wait_up  # noqa: E402
+from benchmarks.openai_api import bench_key, prepare, start, stop, wait_up  # noqa: E402
 from benchmarks.overhead import cpu_seconds, pids_named, sse_events  # noqa: E402
 from benchmarks.scheduler_affinity import POLICY_LINES, QUESTIONS, SYSTEM_HEAD  # noqa: E402
 from benchmarks.stack import process_group  # noqa: E402
@@ -1033,7 +1033,7 @@ def race(args: argparse.Namespace, fleet: Fleet | None) -> int:
     args.served_model = httpx.get(f"{urls[0]}/v1/models", timeout=10).json()["data"][0]["id"]
     args.block_size = parse_metrics(httpx.get(f"{urls[0]}/metrics", timeout=10).text).block_size
     key = prepare(urls, args.served_model)
-    args.free_key = free_user_key() if args.paid else ""
+    args.free_key = bench_key(tier="free") if args.paid else ""
     args.worker_ids = [Worker.objects.get(url=url).id for url in urls]
     # The conversation API has no max_tokens of its own: the pool's cap sets its answers'.
     ModelPool.objects.filter(name=settings.DEFAULT_MODEL).update(max_output_tokens=args.max_tokens)
@@ -1102,31 +1102,6 @@ def race(args: argparse.Namespace, fleet: Fleet | None) -> int:
     out = write_result(args.results, "router_race", report)
     print(f"\nwritten to {out}")
     return 0
-
-
-def free_user_key() -> str:
-    """The raw API key of a user on a free plan as roomy as the bench user's pro one: only
-    the tier differs (its priority, its share of a worker, its queue)."""
-    from django.contrib.auth.models import User
-
-    from accounts.services import api_key_create
-    from billing.models import Plan
-    from billing.services import subscription_set
-
-    plan, _ = Plan.objects.get_or_create(
-        slug="race-free",
-        defaults={
-            "name": "Race free",
-            "tier": "free",
-            "requests_per_minute": 100_000,
-            "tokens_per_minute": 100_000_000,
-            "max_concurrent": 1_000,
-            "max_output_tokens": 4_096,
-        },
-    )
-    user = User.objects.create_user(username=f"race-free-{secrets.token_hex(4)}")
-    subscription_set(user=user, plan=plan)
-    return api_key_create(user=user, name="benchmark", store_conversations=False)[1]
 
 
 def tiers_table(outcomes: list[Outcome]) -> str:
