@@ -35,6 +35,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
+import contextlib
 import json
 import logging
 import os
@@ -45,7 +46,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -706,13 +707,20 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
-    urls = [url.strip().rstrip("/") for url in args.workers.split(",") if url.strip()]
-    if not urls:
-        raise SystemExit("Give the workers: --workers URL[,URL] (or CHATSITE_E2E_WORKER_URLS).")
-    # SIGTERM as SystemExit, so that the `finally` below stops what was started.
-    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+@dataclass
+class Stack:
+    """A started service: how to call it, the pids to profile, the folder of its logs."""
+
+    service: Service
+    targets: dict[str, int]
+    logs: Path
+
+
+@contextlib.contextmanager
+def stack(args: argparse.Namespace, urls: list[str]) -> Iterator[Stack]:
+    """The service's processes (`args.edges` edges, a scheduler, a Celery worker) and the
+    peers `args.peers` names, in front of the workers at `urls`, with a key whose plan lets
+    it ask `args.max_tokens` of the pool; all stopped at the end."""
     django_start(database_url=DEFAULT_DATABASE_URL, redis_url=DEFAULT_REDIS_URL)
     logging.getLogger("httpx2").setLevel(logging.WARNING)  # the openai client's own httpx
     prepare_stores()
@@ -775,11 +783,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             "scheduler": started["scheduler"].pid,
             "celery": started["celery"].pid,
         }
-        profile = profiler(args.profile, targets)
-        levels, idle, facts = asyncio.run(measure(args, service, urls, profile))
+        yield Stack(service, targets, logs)
     finally:
         for process in started.values():
             stop(process)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    urls = [url.strip().rstrip("/") for url in args.workers.split(",") if url.strip()]
+    if not urls:
+        raise SystemExit("Give the workers: --workers URL[,URL] (or CHATSITE_E2E_WORKER_URLS).")
+    # SIGTERM as SystemExit, so that the `finally` below stops what was started.
+    signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))
+    with stack(args, urls) as started:
+        profile = profiler(args.profile, started.targets)
+        levels, idle, facts = asyncio.run(measure(args, started.service, urls, profile))
+        logs = started.logs
     parts = [
         facts,
         "",
