@@ -491,9 +491,12 @@ SCHEDULER_FIRST_TOKEN_SECONDS = env_int("SCHEDULER_FIRST_TOKEN_SECONDS", 300)
 # streams (the mean of two paired overhead runs; in those and a third at 120 ms, each of the
 # six comparisons was lower), first tokens unchanged.
 SCHEDULER_COALESCE_MS = env_int("SCHEDULER_COALESCE_MS", 100)
-# Each replica reads every worker's /health and /metrics this often while it has work (an
-# answer running here, new work announced in the last idle interval, a worker down), and every
-# SCHEDULER_IDLE_HEALTH_INTERVAL_MS while it has none; new work brings the next reading forward.
+# Each replica asks every worker's /health this often while it has work (an answer running
+# here, new work announced in the last idle interval, a worker down), and every
+# SCHEDULER_IDLE_HEALTH_INTERVAL_MS while it has none; new work brings the next pass forward.
+# A pass reads /metrics too (vLLM's counts: running, waiting, its cache) while work waits for
+# room, at most an idle interval after the last reading, after an idle spell and for a worker
+# without one; rendering /metrics costs a vLLM server milliseconds of CPU, /health next to none.
 SCHEDULER_HEALTH_INTERVAL_MS = env_int("SCHEDULER_HEALTH_INTERVAL_MS", 1000)
 SCHEDULER_IDLE_HEALTH_INTERVAL_MS = env_int("SCHEDULER_IDLE_HEALTH_INTERVAL_MS", 5000)
 # How a generation (and a background completion) picks its worker: "predicted_ttft" (the

@@ -79,7 +79,8 @@ class FakeWorker:
         self.running = 0
         self.aborted = 0
         self.healthy = True
-        # How many times /metrics was read (the schedulers' health checks).
+        # How many times /health and /metrics were read (the schedulers' health checks).
+        self.health_reads = 0
         self.metrics_reads = 0
         self._lock = threading.Lock()
         self._release = threading.Event()
@@ -129,6 +130,8 @@ class FakeWorker:
                     self.send_error(503)
                     return
                 if self.path == "/health":
+                    with worker._lock:
+                        worker.health_reads += 1
                     self._send(200, b"", "text/plain")
                 elif self.path == "/metrics":
                     with worker._lock:

@@ -1,6 +1,7 @@
 """An idle scheduler replica costs little: it reads its workers' load, does its chores and
 looks at the queues at the idle pace until work is announced, and reads only the few lines it
-needs of a worker's /metrics."""
+needs of a worker's /metrics. A busy one with nothing waiting for room asks its workers
+whether they are up at the busy pace, and reads their /metrics at the idle pace."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from accounts.tests.factories import UserFactory
 from chatsite.redis import sync_redis
 from inference import queue
-from inference.client import _METRICS, parse_metrics
+from inference.client import _METRICS, WorkerLoad, parse_metrics
 from inference.scheduler import Scheduler
+from inference.scheduler.capacity import WorkerView
 
 from .fixtures import register_pool, running_schedulers, send, wait_for
 
@@ -180,3 +182,62 @@ async def test_a_replica_whose_queues_are_empty_looks_again_when_work_comes_not_
             await wait_for(both_on_the_worker, what="the second answer admitted at once")
         finally:
             first_token.set()
+
+
+@pytest.mark.django_db(transaction=True)
+async def test_a_busy_replica_with_nothing_waiting_asks_only_whether_its_workers_are_up(
+    fake_workers: Any, settings: Any
+) -> None:
+    # The busy pace is the fixture's 0.2 s; the idle pace (whole readings) a minute.
+    settings.SCHEDULER_IDLE_HEALTH_INTERVAL_MS = 60_000
+    first_token = threading.Event()
+    worker = fake_workers(first_token_gate=first_token)
+    await asyncio.to_thread(register_pool, worker)
+    user = await sync_to_async(UserFactory.create)()
+    async with running_schedulers() as [replica]:
+        try:
+            await send(user, "The first question")
+
+            async def serving() -> bool:
+                return bool(replica.running) and not replica._may_wait
+
+            await wait_for(serving, what="the answer admitted, nothing waiting for room")
+            health, metrics = worker.health_reads, worker.metrics_reads
+
+            async def asked_thrice() -> bool:
+                return worker.health_reads >= health + 3
+
+            await wait_for(asked_thrice, what="three passes at the busy pace")
+            # Up or not at the busy pace; the counts vLLM keeps, not once.
+            assert worker.metrics_reads == metrics
+        finally:
+            first_token.set()
+
+
+async def test_a_health_pass_reads_the_workers_load_when_it_changes_placements() -> None:
+    replica = Scheduler(replica_id="load-reads")
+    try:
+        up = WorkerView(1, "w", "p", "http://w", "m", "healthy", 8)
+        up.load = WorkerLoad()
+        fresh = asyncio.get_running_loop().time()
+        replica._load_read_at, replica._load_due, replica._may_wait = fresh, False, False
+        # Busy, nothing waiting, a reading of the last idle interval: only /health.
+        assert not replica._reads_load({1: up})
+        # Work waits for room: its placement reads vLLM's counts at the busy pace.
+        replica._may_wait = True
+        assert replica._reads_load({1: up})
+        replica._may_wait = False
+        # The first pass after an idle spell.
+        replica._load_due = True
+        assert replica._reads_load({1: up})
+        replica._load_due = False
+        # A reading as old as the idle interval.
+        replica._load_read_at = fresh - replica.idle_health_interval
+        assert replica._reads_load({1: up})
+        replica._load_read_at = fresh
+        # A worker with none yet (new, or back up): its cache's size is read.
+        new = WorkerView(2, "v", "p", "http://v", "m", "healthy", 8)
+        assert replica._reads_load({1: up, 2: new})
+    finally:
+        await replica.redis.aclose()
+        await replica.client.aclose()
