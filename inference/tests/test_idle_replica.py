@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 import pytest
@@ -20,6 +22,7 @@ from inference.client import _METRICS, WorkerLoad, parse_metrics
 from inference.scheduler import Scheduler
 from inference.scheduler.capacity import WorkerView
 
+from .fake_worker import FakeWorker
 from .fixtures import register_pool, running_schedulers, send, wait_for
 
 # As vLLM writes it: counters as `_total` and `_created` samples, a family whose name begins
@@ -46,6 +49,22 @@ vllm:e2e_request_latency_seconds_bucket{engine="0",le="0.3",model_name="m"} 4.0
 vllm:e2e_request_latency_seconds_count{engine="0",model_name="m"} 4.0
 # TYPE vllm:cache_config_info gauge
 vllm:cache_config_info{block_size="16",engine="0",note="say \\"hi\\"",num_gpu_blocks="364"} 1.0"""
+
+
+@asynccontextmanager
+async def one_answer_held(fake_workers: Any) -> AsyncIterator[tuple[FakeWorker, Scheduler, Any]]:
+    """A replica serving one answer (`The first question`) whose worker holds its first
+    token back until the end: the worker, the replica and the user who asked."""
+    first_token = threading.Event()
+    worker = fake_workers(first_token_gate=first_token)
+    await asyncio.to_thread(register_pool, worker)
+    user = await sync_to_async(UserFactory.create)()
+    async with running_schedulers() as [replica]:
+        try:
+            await send(user, "The first question")
+            yield worker, replica, user
+        finally:
+            first_token.set()
 
 
 def test_the_load_read_from_vllms_metrics_is_what_prometheus_own_parser_reads() -> None:
@@ -156,32 +175,24 @@ async def test_a_replica_whose_queues_are_empty_looks_again_when_work_comes_not_
         return dispatched
 
     monkeypatch.setattr(Scheduler, "dispatch_once", dispatch_noted)
-    first_token = threading.Event()
-    worker = fake_workers(first_token_gate=first_token)
-    await asyncio.to_thread(register_pool, worker)
-    user = await sync_to_async(UserFactory.create)()
-    async with running_schedulers() as [replica]:
-        try:
-            await send(user, "The first question")
+    async with one_answer_held(fake_workers) as (worker, replica, user):
 
-            async def serving_with_empty_queues() -> bool:
-                # Its admission, then a look that found nothing.
-                return bool(replica.running) and looks[-1:] == [False] and True in looks
+        async def serving_with_empty_queues() -> bool:
+            # Its admission, then a look that found nothing.
+            return bool(replica.running) and looks[-1:] == [False] and True in looks
 
-            await wait_for(serving_with_empty_queues, what="the first answer admitted")
-            looked = len(looks)
-            # Past the busy poll (one second) and more: no look, whatever the machine's pace.
-            await asyncio.sleep(1.5)
-            assert len(looks) == looked
+        await wait_for(serving_with_empty_queues, what="the first answer admitted")
+        looked = len(looks)
+        # Past the busy poll (one second) and more: no look, whatever the machine's pace.
+        await asyncio.sleep(1.5)
+        assert len(looks) == looked
 
-            await send(user, "The second question")
+        await send(user, "The second question")
 
-            async def both_on_the_worker() -> bool:
-                return len(worker.requests) == 2
+        async def both_on_the_worker() -> bool:
+            return len(worker.requests) == 2
 
-            await wait_for(both_on_the_worker, what="the second answer admitted at once")
-        finally:
-            first_token.set()
+        await wait_for(both_on_the_worker, what="the second answer admitted at once")
 
 
 @pytest.mark.django_db(transaction=True)
@@ -190,28 +201,20 @@ async def test_a_busy_replica_with_nothing_waiting_asks_only_whether_its_workers
 ) -> None:
     # The busy pace is the fixture's 0.2 s; the idle pace (whole readings) a minute.
     settings.SCHEDULER_IDLE_HEALTH_INTERVAL_MS = 60_000
-    first_token = threading.Event()
-    worker = fake_workers(first_token_gate=first_token)
-    await asyncio.to_thread(register_pool, worker)
-    user = await sync_to_async(UserFactory.create)()
-    async with running_schedulers() as [replica]:
-        try:
-            await send(user, "The first question")
+    async with one_answer_held(fake_workers) as (worker, replica, _):
 
-            async def serving() -> bool:
-                return bool(replica.running) and not replica._may_wait
+        async def serving() -> bool:
+            return bool(replica.running) and not replica._may_wait
 
-            await wait_for(serving, what="the answer admitted, nothing waiting for room")
-            health, metrics = worker.health_reads, worker.metrics_reads
+        await wait_for(serving, what="the answer admitted, nothing waiting for room")
+        health, metrics = worker.health_reads, worker.metrics_reads
 
-            async def asked_thrice() -> bool:
-                return worker.health_reads >= health + 3
+        async def asked_thrice() -> bool:
+            return worker.health_reads >= health + 3
 
-            await wait_for(asked_thrice, what="three passes at the busy pace")
-            # Up or not at the busy pace; the counts vLLM keeps, not once.
-            assert worker.metrics_reads == metrics
-        finally:
-            first_token.set()
+        await wait_for(asked_thrice, what="three passes at the busy pace")
+        # Up or not at the busy pace; the counts vLLM keeps, not once.
+        assert worker.metrics_reads == metrics
 
 
 async def test_a_health_pass_reads_the_workers_load_when_it_changes_placements() -> None:
