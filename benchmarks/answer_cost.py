@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import platform
@@ -49,7 +50,7 @@ import openai
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from benchmarks.common import render, write_result  # noqa: E402
+from benchmarks.common import render, worker_urls, write_result  # noqa: E402
 from benchmarks.openai_api import one, prompt  # noqa: E402
 from benchmarks.overhead import SERVICE_KINDS, Service, cpu_by_kind, idle_cpu, stack  # noqa: E402
 
@@ -84,7 +85,6 @@ class Phase:
 @dataclass
 class Measured:
     idle: dict[str, float] = field(default_factory=dict)  # ms of CPU per second, per kind
-    idle_rounds: int = 0
     short: Phase = field(default_factory=Phase)
     long: Phase = field(default_factory=Phase)
     socket: Phase = field(default_factory=Phase)
@@ -155,7 +155,7 @@ async def read_by_aiohttp(session: aiohttp.ClientSession, url: str, body: bytes)
 
 async def bare(
     phase: Phase,
-    read: Callable[[str, bytes], Awaitable[int]],
+    read: Callable[[str, bytes], Awaitable[object]],
     url: str,
     served: str,
     tag: str,
@@ -186,26 +186,21 @@ async def measure(args: argparse.Namespace, service: Service, url: str) -> Measu
         await read_by_socket(url, worker_body(served, "warm", 0, 4))
         await read_by_aiohttp(session, url, worker_body(served, "warm", 0, 4))
         measured = Measured()
+        reads: list[tuple[Phase, Callable[[str, bytes], Awaitable[object]], str]] = [
+            (measured.socket, read_by_socket, "r"),
+            (measured.aiohttp, functools.partial(read_by_aiohttp, session), "a"),
+        ]
         tag = os.urandom(3).hex()  # no round finds another's prompts cached
         for number in range(args.rounds):
             idle = await idle_cpu(service, args.idle)
             for kind, rate in idle.items():
                 measured.idle[kind] = measured.idle.get(kind, 0.0) + rate
-            measured.idle_rounds += 1
             await through_service(
                 client, service, measured.short, f"{tag}s{number}", args.answers, 1
             )
             await through_service(
                 client, service, measured.long, f"{tag}l{number}", args.answers, args.max_tokens
             )
-
-            async def by_aiohttp(worker: str, body: bytes) -> int:
-                return await read_by_aiohttp(session, worker, body)
-
-            reads: list[tuple[Phase, Callable[[str, bytes], Awaitable[int]], str]] = [
-                (measured.socket, read_by_socket, "r"),
-                (measured.aiohttp, by_aiohttp, "a"),
-            ]
             for phase, read, letter in reads:
                 await bare(
                     phase,
@@ -216,7 +211,7 @@ async def measure(args: argparse.Namespace, service: Service, url: str) -> Measu
                     args.answers,
                     args.max_tokens,
                 )
-        measured.idle = {kind: rate / measured.idle_rounds for kind, rate in measured.idle.items()}
+        measured.idle = {kind: rate / args.rounds for kind, rate in measured.idle.items()}
     # A bare read streams as many tokens as the long answers did, on average.
     for phase in (measured.socket, measured.aiohttp):
         phase.tokens = round(measured.long.tokens_per_answer * phase.answers)
@@ -313,7 +308,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    urls = [url.strip().rstrip("/") for url in args.workers.split(",") if url.strip()]
+    urls = worker_urls(args.workers)
     if not urls:
         raise SystemExit("Give the worker: --workers URL (or CHATSITE_E2E_WORKER_URLS).")
     signal.signal(signal.SIGTERM, lambda signum, _frame: sys.exit(128 + signum))

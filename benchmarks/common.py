@@ -110,6 +110,11 @@ def write_result(directory: Path, name: str, text: str) -> Path:
     return path
 
 
+def worker_urls(text: str) -> list[str]:
+    """The workers' base URLs from a comma-separated `--workers`."""
+    return [url.strip().rstrip("/") for url in text.split(",") if url.strip()]
+
+
 def free_port() -> int:
     """A TCP port on the loopback nobody listens on right now."""
     with socket.socket() as sock:

@@ -67,6 +67,7 @@ from benchmarks.common import (  # noqa: E402
     ratio,
     render,
     service_env,
+    worker_urls,
     write_result,
 )
 from benchmarks.openai_api import (  # noqa: E402
@@ -791,7 +792,7 @@ def stack(args: argparse.Namespace, urls: list[str]) -> Iterator[Stack]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    urls = [url.strip().rstrip("/") for url in args.workers.split(",") if url.strip()]
+    urls = worker_urls(args.workers)
     if not urls:
         raise SystemExit("Give the workers: --workers URL[,URL] (or CHATSITE_E2E_WORKER_URLS).")
     # SIGTERM as SystemExit, so that the `finally` below stops what was started.
