@@ -453,6 +453,11 @@ INFERENCE_WORKERS = env_list("INFERENCE_WORKERS", [])
 # and on every connection unless listed here, e.g. "10.0.0.0/8" for a private worker network.
 INFERENCE_WORKER_ALLOWED_NETWORKS = env_list("INFERENCE_WORKER_ALLOWED_NETWORKS", [])
 INFERENCE_CLIENT = os.environ.get("INFERENCE_CLIENT", "inference.client.OpenAICompatibleClient")
+# A `/v1` answer of a key that keeps nothing, without tools, is read from the worker by the
+# edge that took it (inference/relay.py): the scheduler admits, places and finishes it, and
+# no token passes through it or Redis. Off: every answer streams through the scheduler. The
+# edge must then reach the workers as the scheduler does (the same allowed networks).
+INFERENCE_DIRECT_RELAY = env_bool("INFERENCE_DIRECT_RELAY", True)
 # Subscribers to what the inference plane reports (`inference.hooks`), called in this order.
 INFERENCE_HOOKS = env_list(
     "INFERENCE_HOOKS",

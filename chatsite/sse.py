@@ -28,7 +28,7 @@ from redis.asyncio import Redis as AsyncRedis
 from redis.exceptions import RedisError
 
 from chatsite import metrics, stream_hub, threads
-from chatsite.stream_events import TERMINAL_EVENTS
+from chatsite.stream_events import INTERNAL_EVENTS, TERMINAL_EVENTS
 
 logger = logging.getLogger(__name__)
 
@@ -201,6 +201,8 @@ class Tail:
                         yield HEARTBEAT
                         continue
                     self.last_id = entry.id
+                    if entry.event in INTERNAL_EVENTS:
+                        continue  # the scheduler's word to the edge, not the client's
                     yield format_event(entry.id, entry.event, entry.data)
                     self.finished = entry.event in self.until
         except RedisError:

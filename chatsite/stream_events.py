@@ -30,10 +30,14 @@ class StreamEvent(enum.StrEnum):
     TOOL_CALLS = "tool_calls"  # the answer ends at calls the client runs itself (`/v1`)
     ERROR = "error"  # why a failed or rejected generation ended
     DONE = "done"  # the last event: final status, finish reason, usage
+    # For the edge alone, never relayed to a client: read the answer from this worker.
+    RELAY = "relay"
 
 
 # After this event nothing more is written to the stream.
 TERMINAL_EVENTS = frozenset({StreamEvent.DONE})
+# Events between the scheduler and the edge, which no client is sent.
+INTERNAL_EVENTS = frozenset({StreamEvent.RELAY})
 
 
 class MetaData(TypedDict, total=False):
@@ -109,6 +113,17 @@ class DoneData(TypedDict, total=False):
     output_tokens: int | None
     # Of the prompt tokens, those the worker found in its prefix cache.
     cached_tokens: int | None
+
+
+class RelayData(TypedDict):
+    """An order to the edge that took the request (inference/relay.py): stream `body` from
+    the worker at `url`, and report to scheduler replica `replica` under `attempt`."""
+
+    attempt: int
+    replica: str
+    url: str
+    body: dict[str, Any]
+    request_id: str
 
 
 def entry_fields(event: StreamEvent, data: Any) -> dict[FieldT, EncodableT]:

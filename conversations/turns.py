@@ -606,6 +606,7 @@ def _reserve_and_enqueue(
     tool_choice: str | dict[str, Any] | None,
     may_fall_back: bool,
     route: dict[str, str] | None,
+    relay: bool = False,
 ) -> None:
     """Steps 5 and 6: reserve the prompt estimate plus max output tokens against every limit
     of the plan at once (a refusal, 413 or 429, ends the turn), then queue the job."""
@@ -632,6 +633,7 @@ def _reserve_and_enqueue(
             run_tools=prepared.run_tools,
             may_fall_back=may_fall_back,
             route=route,
+            relay=relay,
         ),
     )
 
@@ -672,8 +674,12 @@ def turn_unkept(
     tools: list[dict[str, Any]] | None = None,
     tool_choice: str | dict[str, Any] | None = None,
     idempotency_key: str | None = None,
+    relay: bool = False,
 ) -> UnkeptTurn:
     """`turn_from_messages` for a key that keeps nothing: the same steps but the third.
+
+    With `relay` (and no tools) the caller reads the worker's stream itself once the
+    scheduler has placed the answer (inference/relay.py); a replay never does.
 
     The request is accepted, moderated, assembled, reserved and queued from what it carries;
     no conversation, message or generation row is written (nothing is created to be deleted),
@@ -708,6 +714,7 @@ def turn_unkept(
                 params=params,
                 tools=tools,
                 tool_choice=tool_choice,
+                relay=relay,
             )
         ),
         replay=lambda stored: _unkept_replay(stored, user=user),
@@ -738,6 +745,7 @@ def _unkept_start(
     params: dict[str, Any] | None,
     tools: list[dict[str, Any]] | None,
     tool_choice: str | dict[str, Any] | None,
+    relay: bool,
 ) -> UnkeptGeneration:
     content = "\n\n".join(parts)
     accepted = _accept(user=user, conversation=conversation, content=content, max_tokens=max_tokens)
@@ -764,6 +772,7 @@ def _unkept_start(
         tool_choice=tool_choice,
         may_fall_back=False,
         route=_auto_route(accepted.choice),
+        relay=relay,
     )
     excerpt = parts[verdict.part] if verdict is not None and parts else content
     _flag_for_review(user=user, verdict=verdict, conversation=None, message=None, excerpt=excerpt)

@@ -349,7 +349,7 @@ class OpenAICompatibleClient:
             raise WorkerFault(FaultCode.WORKER_UNREACHABLE, _describe(exc)) from exc
         return parse_metrics(text)
 
-    async def stream_chat(
+    def stream_chat(
         self,
         *,
         base_url: str,
@@ -368,19 +368,23 @@ class OpenAICompatibleClient:
         `Chunk.tool_calls` fragments (join them with a `ToolCallAssembler`). A worker started
         without a tool-call parser refuses them: `ToolsUnsupported`.
         """
-        body: dict[str, Any] = {
-            "model": model,
-            "messages": messages,
-            "max_tokens": max_tokens,
-            "stream": True,
-            "stream_options": {"include_usage": True},
-            "priority": priority,
-            **(params or {}),
-        }
-        if tools:
-            body["tools"] = tools
-            if tool_choice is not None:
-                body["tool_choice"] = tool_choice
+        body = chat_body(
+            model=model,
+            messages=messages,
+            max_tokens=max_tokens,
+            priority=priority,
+            params=params,
+            tools=tools,
+            tool_choice=tool_choice,
+        )
+        return self.stream_body(base_url=base_url, body=body, request_id=request_id)
+
+    async def stream_body(
+        self, *, base_url: str, body: dict[str, Any], request_id: str | None = None
+    ) -> AsyncIterator[Chunk]:
+        """`stream_chat` of a request already made (`chat_body`): what the scheduler hands an
+        edge that reads the worker itself (`inference.relay`)."""
+        tools = bool(body.get("tools"))
         headers = {"X-Request-Id": request_id} if request_id else {}
         try:
             async with self._http().post(
@@ -388,7 +392,7 @@ class OpenAICompatibleClient:
             ) as response:
                 try:
                     async with contextlib.aclosing(
-                        self._chunks(base_url, response, tools=bool(tools))
+                        self._chunks(base_url, response, tools=tools)
                     ) as chunks:
                         async for chunk in chunks:
                             yield chunk
@@ -434,6 +438,33 @@ class OpenAICompatibleClient:
             watchdog.stop()
         if not finished:
             raise WorkerFault(FaultCode.WORKER_DISCONNECTED, "the worker closed the stream early")
+
+
+def chat_body(
+    *,
+    model: str,
+    messages: list[dict[str, Any]],
+    max_tokens: int,
+    priority: int,
+    params: dict[str, Any] | None = None,
+    tools: list[dict[str, Any]] | None = None,
+    tool_choice: str | dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The body of a streamed chat completion as a worker is asked it, usage included."""
+    body: dict[str, Any] = {
+        "model": model,
+        "messages": messages,
+        "max_tokens": max_tokens,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "priority": priority,
+        **(params or {}),
+    }
+    if tools:
+        body["tools"] = tools
+        if tool_choice is not None:
+            body["tool_choice"] = tool_choice
+    return body
 
 
 def _describe(exc: BaseException) -> str:

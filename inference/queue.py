@@ -49,6 +49,10 @@ The keys, all `{<prefix>}:...` unless said:
                      that follows it comes from the page being reloaded
 - `detached`         sorted set of the generations nobody reads, for housekeeping to cancel
                      after a grace unless a client comes back, scored by when to look at each
+- `relayed:<replica>` pub/sub channel: an edge relaying an answer the replica ordered says
+                     `<id> <attempt> first` at its first token and `<id> <attempt> end` once
+                     its outcome is in the job (`relay_first`, `relayed`; `relay_beat` while
+                     it lasts: inference/relay.py)
 - `wake`, `cancel`   pub/sub channels: new work, and cancels of running generations (a
                      cluster delivers them to subscribers on every node)
 
@@ -159,6 +163,11 @@ def pages_key(generation_id: object) -> str:
 
 def shown_key(user_id: object) -> str:
     return key("shown", user_id)
+
+
+def relay_channel(replica_id: str) -> str:
+    """Where edges tell a replica of the relays it ordered: a first token, an end."""
+    return key("relayed", replica_id)
 
 
 def wake_channel() -> str:
@@ -484,6 +493,10 @@ class Job:
     # False for a `/v1` answer of a key that keeps nothing: it has no row in Postgres, and
     # its life is this job and its stream (inference/unkept.py).
     kept: bool = True
+    # True: the edge that took the request reads the worker's stream itself (a `/v1` answer
+    # of a key that keeps nothing, without tools): the scheduler admits and places it, hands
+    # the edge a `relay` order and finishes it from what the edge reports (inference/relay.py).
+    relay: bool = False
     # The attempts made so far: more than none when a replica died while serving it and
     # another adopted it (scheduler/adoption.py); the next one restarts it.
     attempt: int = 0
@@ -524,6 +537,7 @@ class Job:
             "run_tools": "1" if self.run_tools else "",
             "may_fall_back": "1" if self.may_fall_back else "",
             "kept": "1" if self.kept else "",
+            "relay": "1" if self.relay else "",
             "request_id": self.request_id,
             "traceparent": self.traceparent,
         }
@@ -548,6 +562,7 @@ class Job:
             run_tools=bool(fields.get("run_tools")),
             may_fall_back=bool(fields.get("may_fall_back")),
             kept=fields.get("kept", "1") == "1",
+            relay=bool(fields.get("relay")),
             attempt=int(fields.get("attempt") or 0),
             request_id=fields.get("request_id") or "",
             traceparent=fields.get("traceparent") or "",

@@ -81,6 +81,9 @@ class GenerationRequest:
     # Why this pool answers when it is not the conversation's (`auto`): its `reason` and the
     # `notice` the stream's first event carries.
     route: dict[str, str] | None = None
+    # The edge that took the request reads the worker's stream itself (`queue.Job.relay`):
+    # only for a generation without a row and without tools.
+    relay: bool = False
 
 
 def pool_named(*, model: str) -> ModelPool:
@@ -190,6 +193,7 @@ def generation_enqueue(
         run_tools=request.run_tools and bool(request.tools),
         may_fall_back=request.may_fall_back,
         kept=not isinstance(generation, UnkeptGeneration),
+        relay=request.relay and isinstance(generation, UnkeptGeneration) and not request.tools,
         request_id=logs.request_id.get() or "",
     )
 

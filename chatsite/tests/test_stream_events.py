@@ -6,7 +6,7 @@ import json
 import re
 from pathlib import Path
 
-from chatsite.stream_events import TERMINAL_EVENTS, StreamEvent, entry_fields
+from chatsite.stream_events import INTERNAL_EVENTS, TERMINAL_EVENTS, StreamEvent, entry_fields
 
 STREAM_JS = Path(__file__).resolve().parents[2] / "static" / "js" / "stream.js"
 
@@ -17,13 +17,17 @@ def _js_events() -> list[str]:
     return re.findall(r'"([^"]*)"', found.group(1))
 
 
+def _client_events() -> list[StreamEvent]:
+    return [event for event in StreamEvent if event not in INTERNAL_EVENTS]
+
+
 def test_the_page_listens_for_exactly_the_catalogues_events() -> None:
-    assert _js_events() == [event.value for event in StreamEvent]
+    assert _js_events() == [event.value for event in _client_events()]
 
 
 def test_the_page_handles_every_event_it_listens_for() -> None:
     source = STREAM_JS.read_text()
-    for event in StreamEvent:
+    for event in _client_events():
         assert f'case "{event.value}":' in source, f"stream.js does not apply {event.value!r}"
 
 

@@ -40,7 +40,7 @@ from chatsite.errors import ServiceError
 from chatsite.stream_events import StreamEvent
 from chatsite.threads import in_thread
 from conversations import turns
-from inference import queue
+from inference import edge_relay, queue
 from inference.models import Generation
 from inference.services import generation_cancel, generation_cancel_unkept
 
@@ -138,6 +138,9 @@ class _Started:
     conversation_id: Any  # None for a key that keeps nothing
     model: str
     created: int
+    user_id: int = 0
+    # This request reads the answer from the worker itself (inference/relay.py).
+    relay: bool = False
 
 
 def _start(key: ApiKey, wanted: ChatCompletionRequest, idempotency_key: str | None) -> _Started:
@@ -162,9 +165,18 @@ def _start(key: ApiKey, wanted: ChatCompletionRequest, idempotency_key: str | No
             created=int(generation.enqueued_at.timestamp()),
         )
     else:
-        # Nothing is written: the answer lives in Redis until its end (inference/unkept.py).
-        unkept = turns.turn_unkept(**arguments).generation
-        started = _Started(str(unkept.id), None, unkept.pool.name, int(time.time()))
+        # Nothing is written: the answer lives in Redis until its end (inference/unkept.py),
+        # and, without tools, this edge reads it from the worker (inference/relay.py).
+        relay = settings.INFERENCE_DIRECT_RELAY and not wanted.tools
+        unkept = turns.turn_unkept(**arguments, relay=relay)
+        started = _Started(
+            str(unkept.generation.id),
+            None,
+            unkept.generation.pool.name,
+            int(time.time()),
+            user_id=key.user.pk,
+            relay=relay and not unkept.replayed,
+        )
     # The answer may take minutes: a connection this request opened must not wait with it.
     connections.close_all()
     return started
@@ -216,10 +228,19 @@ async def chat_completions(request: HttpRequest) -> HttpResponse | StreamingHttp
     return response
 
 
-def _events(generation_id: str) -> AsyncGenerator[sse.Entry | None, None]:
-    """The generation's stream events from the first, then live, until `done`; None after
-    each heartbeat period in which nothing happened."""
-    return sse.read(queue.stream_key(generation_id), "0-0")
+def _events(started: _Started) -> AsyncGenerator[edge_relay.Item, None]:
+    """The generation's events (name, payload) from the first, then live, until `done`; None
+    after each heartbeat period in which nothing happened. A relayed answer's text comes
+    from the worker (`edge_relay.follow`)."""
+    if started.relay:
+        return edge_relay.follow(started.generation_id, user_id=started.user_id, relay=True)
+    return _stream_events(started.generation_id)
+
+
+async def _stream_events(generation_id: str) -> AsyncGenerator[edge_relay.Item, None]:
+    async with contextlib.aclosing(sse.read(queue.stream_key(generation_id), "0-0")) as entries:
+        async for entry in entries:
+            yield None if entry is None else (entry.event, entry.payload())
 
 
 def _failure(answer: shapes.Answer) -> OpenAIError | None:
@@ -234,10 +255,10 @@ def _failure(answer: shapes.Answer) -> OpenAIError | None:
 async def _whole(redis: Any, started: _Started) -> HttpResponse:
     answer = shapes.Answer()
     try:
-        async with contextlib.aclosing(_events(started.generation_id)) as events:
-            async for entry in events:
-                if entry is not None:
-                    answer.apply(entry.event, entry.payload())
+        async with contextlib.aclosing(_events(started)) as events:
+            async for item in events:
+                if item is not None:
+                    answer.apply(*item)
                 if answer.done:
                     break
     except RedisError:
@@ -274,12 +295,13 @@ async def _streamed(
     sent = closed = False
     try:
         yield chunks.role()
-        async with contextlib.aclosing(_events(started.generation_id)) as events:
-            async for entry in events:
-                if entry is None:
+        async with contextlib.aclosing(_events(started)) as events:
+            async for item in events:
+                if item is None:
                     yield sse.HEARTBEAT
                     continue
-                if entry.event == StreamEvent.RESTART and sent:
+                event, payload = item
+                if event == StreamEvent.RESTART and sent:
                     # The text already sent cannot be taken back: end with an error rather
                     # than splice a second answer onto the first (the generation is then
                     # cancelled as for a client that left).
@@ -291,7 +313,7 @@ async def _streamed(
                         ).body()
                     )
                     return
-                text = answer.apply(entry.event, entry.payload())
+                text = answer.apply(event, payload)
                 if text:
                     sent = True
                     yield chunks.content(text)

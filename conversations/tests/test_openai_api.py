@@ -31,7 +31,13 @@ from conversations.openai_api.shapes import Answer
 from conversations.services import conversation_create
 from conversations.turns import turn_send
 from inference.models import Generation, ModelPool
-from inference.tests.fixtures import LiveEdge, register_pool, running_schedulers, wait_for
+from inference.tests.fixtures import (
+    LiveEdge,
+    register_pool,
+    running_schedulers,
+    stream_events,
+    wait_for,
+)
 
 CHAT = "/v1/chat/completions"
 DROP = object()  # a field left out of the request
@@ -541,6 +547,11 @@ async def test_a_key_that_keeps_nothing_leaves_only_the_usage(
     assert {(e.prompt_tokens, e.output_tokens, e.status) for e in events} == {(11, 5, "complete")}
     generation_ids = {str(completion.id).removeprefix("chatcmpl-"), streamed[0].id[9:]}
     assert {str(e.generation_id) for e in events} == generation_ids
+    # The edge read both answers from the worker (inference/relay.py): their streams carry
+    # the scheduler's order and the text once, not a delta a token.
+    for generation_id in generation_ids:
+        names = [name for name, _ in await sync_to_async(stream_events)(generation_id)]
+        assert names == ["meta", "relay", "delta", "done"]
     # The reservations were settled with the real usage: nothing is held any more.
     for generation_id in generation_ids:
         assert (

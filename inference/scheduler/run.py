@@ -13,7 +13,7 @@ import contextlib
 import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import Any, cast
 
 from asgiref.sync import sync_to_async
 from django.conf import settings
@@ -22,9 +22,16 @@ from django.utils import timezone
 
 from chatsite import logs, tracing
 from chatsite.redis import REDIS_FAULTS
-from chatsite.stream_events import DeltaData, MetaData, RestartData, StreamEvent
+from chatsite.stream_events import (
+    DeltaData,
+    MetaData,
+    RelayData,
+    RestartData,
+    RetractData,
+    StreamEvent,
+)
 
-from .. import hooks, metrics, queue, services
+from .. import hooks, metrics, queue, relay, services
 from ..client import (
     FaultCode,
     OpenAICompatibleClient,
@@ -32,6 +39,7 @@ from ..client import (
     ToolCallAssembler,
     ToolsUnsupported,
     WorkerFault,
+    chat_body,
 )
 from ..errors import ErrorCode
 from ..models import Generation
@@ -82,6 +90,14 @@ class Run:
     # what the worker holds before the answer.
     prompt: Prompt | None = None
     prompt_folder: str = ""
+    # An answer its edge reads from the worker itself (`queue.Job.relay`): what the edge
+    # reported of the latest attempt, and the `retract` payload if moderation withdrew it.
+    relayed: relay.Outcome | None = None
+    retract: dict[str, Any] | None = None
+
+
+class RelayGone(Exception):
+    """The edge relaying the answer reported its client gone, or stopped reporting."""
 
 
 class Runs:
@@ -117,6 +133,18 @@ class Runs:
         # Runs that ended unfinished, still to be disowned (Redis was away when they ended):
         # while the job names this live replica, neither the sweeper nor adoption takes it.
         self._unowned: set[str] = set()
+        # The relays this replica ordered and waits on: what their edges said, by id.
+        self._relays: dict[str, asyncio.Queue[tuple[int, str]]] = {}
+
+    def relay_said(self, message: str) -> None:
+        """An edge's word on a relay this replica ordered (`<id> <attempt> first|end`)."""
+        try:
+            generation_id, attempt, said = message.split()
+            signals = self._relays.get(generation_id)
+            if signals is not None:
+                signals.put_nowait((int(attempt), said))
+        except ValueError:
+            logger.warning("unreadable relay message %r", message[:200])
 
     def new(self, job: queue.Job, placement: Placement, admitted: Admitted) -> Run:
         worker = placement.view
@@ -143,7 +171,8 @@ class Runs:
             # An adopted answer (its replica died) goes on from the attempts made so far.
             attempt=job.attempt + 1,
             tried={worker.id},
-            moderation=self.guard.window(),
+            # An answer relayed by its edge is checked there, as it reads it.
+            moderation=None if job.relay else self.guard.window(),
             admitted=admitted,
             prompt=placement.prompt,
             prompt_folder=worker.tokenizer_folder,
@@ -221,18 +250,13 @@ class Runs:
         except ContentBlocked:
             # `_finish` withdraws the text (retract) and ends it as `content_filter`.
             await self._finish(run, Generation.Status.COMPLETE, services.CONTENT_FILTER)
+        except RelayGone:
+            # Its edge cancels it next: that cancel must not cut this write short either.
+            await self._finish_whatever_comes(run)
         except asyncio.CancelledError:
             if gid in self._given_up:
                 raise
-            # A cancel may come twice (its pub/sub message, then the job's cancel flag seen
-            # by housekeeping): the second must not cut the final write short.
-            finishing = asyncio.ensure_future(
-                self._finish(run, Generation.Status.CANCELLED, "cancelled")
-            )
-            while not finishing.done():
-                with contextlib.suppress(asyncio.CancelledError):
-                    await asyncio.shield(finishing)
-            finishing.result()
+            await self._finish_whatever_comes(run)
             raise
         except Exception as exc:
             logger.exception("generation %s failed", gid)
@@ -256,6 +280,17 @@ class Runs:
                 await self.disown_left()
                 with contextlib.suppress(Exception):
                     await self.redis.srem(queue.owned_key(self.replica_id), gid)
+
+    async def _finish_whatever_comes(self, run: Run) -> None:
+        """Finish `run` as cancelled. A cancel may come twice (its pub/sub message, then the
+        job's cancel flag seen by housekeeping): the second must not cut the write short."""
+        finishing = asyncio.ensure_future(
+            self._finish(run, Generation.Status.CANCELLED, "cancelled")
+        )
+        while not finishing.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.shield(finishing)
+        finishing.result()
 
     async def _cancel_asked(self, generation_id: str) -> bool:
         try:
@@ -291,11 +326,12 @@ class Runs:
                     StreamEvent.RESTART,
                     RestartData(reason=ErrorCode.SCHEDULER_LOST, attempt=run.attempt),
                 )
-            await self.writer.event(
-                job.generation_id,
-                StreamEvent.META,
-                MetaData(status="running", worker=view.name, attempt=run.attempt),
-            )
+            if not job.relay:  # a relayed answer's order says as much
+                await self.writer.event(
+                    job.generation_id,
+                    StreamEvent.META,
+                    MetaData(status="running", worker=view.name, attempt=run.attempt),
+                )
             logger.debug(
                 "generation %s runs on %s (attempt %d)", job.generation_id, view.name, run.attempt
             )
@@ -308,6 +344,16 @@ class Runs:
         round_suffix = f"r{run.tool_rounds}" if run.tool_rounds else ""
         # The answer's output budget covers every round.
         max_tokens = max(1, job.max_tokens - int(run.spent.get("completion_tokens") or 0))
+        if job.relay and not job.tools:
+            body = chat_body(
+                model=view.served_model,
+                messages=run.messages,
+                max_tokens=max_tokens,
+                priority=job.priority,
+                params=request_sampling(job.params, view.sampling_defaults, max_tokens=max_tokens),
+            )
+            await self._relayed_attempt(run, body, worker_request_id(job, str(run.attempt)))
+            return
         stream = self.client.stream_chat(
             base_url=view.url,
             model=view.served_model,
@@ -346,6 +392,113 @@ class Runs:
             await coalescer.aclose()
             await stream.aclose()  # type: ignore[attr-defined]
         await self._flush(run)
+
+    async def _relayed_attempt(self, run: Run, body: dict[str, Any], request_id: str) -> None:
+        """Order the edge that took the request to read the attempt from the worker, and
+        take over what it reports, as if the attempt had run here (inference/relay.py)."""
+        gid = run.job.generation_id
+        signals: asyncio.Queue[tuple[int, str]] = asyncio.Queue()
+        self._relays[gid] = signals
+        try:
+            order = RelayData(
+                attempt=run.attempt,
+                replica=self.replica_id,
+                url=run.worker.url,
+                body=body,
+                request_id=request_id,
+            )
+            await self.writer.event(gid, StreamEvent.RELAY, order)
+            outcome = await self._relay_outcome(run, signals)
+        finally:
+            self._relays.pop(gid, None)
+        self._take_outcome(run, outcome)
+
+    async def _relay_outcome(
+        self, run: Run, signals: asyncio.Queue[tuple[int, str]]
+    ) -> relay.Outcome:
+        """What the edge reports of the attempt; `LOST` once it has said nothing for
+        `relay.PATIENCE_SECONDS` (no first token, beat or outcome)."""
+        gid, attempt = run.job.generation_id, run.attempt
+        ordered_ms = queue.now_ms()
+        while True:
+            try:
+                said_attempt, said = await asyncio.wait_for(
+                    signals.get(), timeout=relay.PATIENCE_SECONDS
+                )
+            except TimeoutError:
+                said_attempt, said = attempt, "silent"
+            if said_attempt != attempt:
+                continue  # of an attempt this one replaced
+            if said == "first":
+                await self._relay_first_token(run)
+                continue
+            try:
+                reported, first, beat = await self.redis.hmget(
+                    queue.job_key(gid), relay.OUTCOME_FIELD, relay.FIRST_FIELD, relay.BEAT_FIELD
+                )
+            except REDIS_FAULTS:
+                continue  # asked again after the patience
+            outcome = relay.Outcome.from_json(reported)
+            if outcome is not None and outcome.attempt == attempt:
+                if outcome.tokens:
+                    await self._relay_first_token(run)  # its word may have been lost
+                return outcome
+            if said != "silent":
+                continue
+            first_attempt, first_ms = relay.parse_beat(first)
+            if first_attempt == attempt:
+                await self._relay_first_token(run)
+            else:
+                first_ms = 0
+            beat_ms, tokens = relay.parse_beat(beat)
+            if queue.now_ms() - max(ordered_ms, first_ms, beat_ms) < relay.PATIENCE_SECONDS * 1000:
+                continue
+            logger.warning("the edge relaying generation %s went silent; ending it", gid)
+            return relay.Outcome(attempt=attempt, end=relay.End.LOST, tokens=tokens)
+
+    async def _relay_first_token(self, run: Run) -> None:
+        if run.admission is not None and run.admission.first_token_at is None:
+            await self._first_token(run, run.admission)
+
+    def _take_outcome(self, run: Run, outcome: relay.Outcome) -> None:
+        """The attempt's end as the edge reported it, as `_attempt` ends its own: text,
+        usage and finish reason kept; a fault, a withdrawal or a departure raised."""
+        run.relayed = outcome
+        run.text = outcome.text
+        run.usage = outcome.usage
+        run.finish_reason = outcome.finish_reason
+        if outcome.end == relay.End.LOST and outcome.tokens:
+            run.usage = {
+                "prompt_tokens": run.job.prompt_tokens,
+                "completion_tokens": outcome.tokens,
+            }
+        if outcome.end == relay.End.BLOCKED:
+            run.retract = outcome.retract or {}
+            raise ContentBlocked
+        # Written to the stream once, at the finish: for a replay of the request, the sweeper.
+        run.pending = run.text
+        if outcome.end == relay.End.FAULT:
+            try:
+                code = FaultCode(outcome.fault_code)
+            except ValueError:
+                code = FaultCode.WORKER_ERROR
+            raise WorkerFault(code, outcome.fault_message)
+        if outcome.end in (relay.End.LEFT, relay.End.LOST):
+            raise RelayGone
+
+    async def _late_outcome(self, run: Run) -> None:
+        """A relayed answer cancelled before its outcome was taken: take what the edge
+        reported by then (it reports before it cancels), if it did."""
+        try:
+            reported = await self.redis.hget(
+                queue.job_key(run.job.generation_id), relay.OUTCOME_FIELD
+            )
+        except REDIS_FAULTS:
+            return
+        outcome = relay.Outcome.from_json(reported)
+        if outcome is not None and outcome.attempt == run.attempt:
+            with contextlib.suppress(ContentBlocked, WorkerFault, RelayGone):
+                self._take_outcome(run, outcome)
 
     async def _note_attempt(self, run: Run) -> None:
         job = run.job
@@ -495,12 +648,19 @@ class Runs:
         error_message: str = "",
     ) -> None:
         window = run.moderation
+        if run.job.relay and run.relayed is None:
+            await self._late_outcome(run)
         if window is not None and window.blocked is None:
             with contextlib.suppress(ContentBlocked):
                 await self._flush(run)
             if run.text:
                 await self._moderate(run, final=True)
-        if window is not None and window.blocked is not None:
+        if run.retract is not None:
+            # Withdrawn by the edge's checks (which flagged it): as below.
+            status, finish_reason = Generation.Status.COMPLETE, services.CONTENT_FILTER
+            error_code = error_message = ""
+            await self.writer.retract(run.job.generation_id, cast(RetractData, run.retract))
+        elif window is not None and window.blocked is not None:
             # Withdrawn: clients replace the text with a notice, the stream forgets it, and
             # the message keeps it for staff only (`blocked`). Charged as produced.
             status, finish_reason = Generation.Status.COMPLETE, services.CONTENT_FILTER

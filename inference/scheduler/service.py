@@ -539,8 +539,9 @@ class Scheduler:
     # Messages from other processes
 
     async def listen_loop(self) -> None:
-        """Pub/sub for new work and cancels; reconnects after a Redis failure. A cancel sent
-        while no replica listened is still found by housekeeping (the job's cancel flag)."""
+        """Pub/sub for new work, cancels and the edges' word on relays; reconnects after a
+        Redis failure. A cancel sent while no replica listened is still found by housekeeping
+        (the job's cancel flag); a relay's outcome, in its job."""
         while not self._stopping.is_set():
             try:
                 await self._listen()
@@ -555,7 +556,8 @@ class Scheduler:
 
     async def _listen(self) -> None:
         pubsub = await async_pubsub(self.redis)
-        await pubsub.subscribe(queue.wake_channel(), queue.cancel_channel())
+        relayed = queue.relay_channel(self.replica_id)
+        await pubsub.subscribe(queue.wake_channel(), queue.cancel_channel(), relayed)
         try:
             while not self._stopping.is_set():
                 message = await pubsub.get_message(
@@ -563,7 +565,9 @@ class Scheduler:
                 )
                 if message is None:
                     continue
-                if message["channel"] == queue.wake_channel():
+                if message["channel"] == relayed:
+                    self.runs.relay_said(message["data"])
+                elif message["channel"] == queue.wake_channel():
                     self._announce()
                 elif message["channel"] == queue.cancel_channel():
                     task = self.running.get(message["data"])

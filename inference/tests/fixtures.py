@@ -214,13 +214,18 @@ def send_turn(user: Any, content: str = "Hello there", conversation: Any = None)
 send = sync_to_async(send_turn)
 
 
-def send_unkept_turn(user: Any, content: str = "Hello there") -> str:
+def send_unkept_turn(user: Any, content: str = "Hello there", *, relay: bool = False) -> str:
     """A `/v1` turn of a key that keeps nothing, through the real request path; the id of
-    its answer (which has no row: wait for it with `stream_ended`)."""
+    its answer (which has no row: wait for it with `stream_ended`). With `relay`, the
+    caller reads it from the worker (`inference.edge_relay.follow`), as the `/v1` view does."""
     from conversations.turns import turn_unkept
 
     turn = turn_unkept(
-        user=user, model=settings.DEFAULT_MODEL, system_prompt="", messages=[("user", content)]
+        user=user,
+        model=settings.DEFAULT_MODEL,
+        system_prompt="",
+        messages=[("user", content)],
+        relay=relay,
     )
     return str(turn.generation.id)
 

@@ -4,6 +4,7 @@ eyes only."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import Any
@@ -19,7 +20,7 @@ from chatsite.redis import async_redis
 from chatsite.testing import budget
 from conversations.models import Message
 from conversations.turns import Turn
-from inference import queue
+from inference import edge_relay, queue
 from inference.api.stream import _stored_events
 from inference.models import Generation
 from inference.tests.fake_worker import FakeWorker
@@ -190,6 +191,50 @@ async def test_an_answer_that_keeps_no_row_is_withdrawn_and_flagged_against_its_
     assert event.status == "complete" and 0 < event.output_tokens < 85 * 8
     assert not await Generation.objects.filter(user=user).aexists()
     assert not await Message.objects.filter(conversation__owner=user).aexists()
+
+
+async def test_a_relayed_answer_is_checked_by_its_edge_withdrawn_and_flagged(
+    user: User, small_windows: None, tripped: threading.Event
+) -> None:
+    """The same answer read from the worker by the edge that queued it (inference/
+    edge_relay.py, in this event loop): the edge's checks stop it, the edge flags it, the
+    scheduler withdraws it from the stream and charges it as produced, once."""
+    script = [CALM] * 4 + [INSULT] + [CALM] * 80
+    fake = ScriptedWorker(script, token_delay=0.02, hold_at=7, hold_until=tripped)
+    fake.start()
+    await sync_to_async(register_pool)(fake)
+    gid = await send_unkept(user, "The weather?", relay=True)
+
+    seen: list[tuple[str, Any]] = []
+    async with running_schedulers():
+        items = edge_relay.follow(gid, user_id=user.pk, relay=True)
+        async with contextlib.aclosing(items):
+            async for item in items:
+                if item is not None:
+                    seen.append(item)
+        await wait_for(lambda: _aborted(fake))
+    fake.stop()
+    await edge_relay.close_client()
+
+    names = [name for name, _ in seen]
+    assert names[-2:] == ["retract", "done"] and seen[-1][1]["finish_reason"] == "content_filter"
+    # The stream keeps no text of it: the order, the withdrawal, the end.
+    assert [name for name, _ in await sync_to_async(stream_events)(gid)] == [
+        "meta",
+        "relay",
+        "retract",
+        "done",
+    ]
+    flag = await Flag.objects.aget(user=user)
+    assert (flag.direction, flag.action) == (Flag.Direction.OUTPUT, Flag.Action.RETRACTED)
+    assert flag.conversation_id is None and INSULT in flag.excerpt
+
+    async def charged() -> bool:
+        return await UsageEvent.objects.filter(generation_id=gid).aexists()
+
+    await wait_for(charged)
+    event = await UsageEvent.objects.aget(generation_id=gid)
+    assert event.status == "complete" and 0 < event.output_tokens < 85 * 8
 
 
 async def test_a_trip_the_timer_finds_stops_an_answer_whose_tokens_outrun_the_interval(

@@ -1,0 +1,288 @@
+"""The edge's side of the direct relay (inference/relay.py): an answer this edge queued,
+read from the worker here.
+
+`follow` is what a `/v1` view reads instead of the stream alone: the stream's events, and
+for each `relay` order the scheduler writes there, the worker's text as `delta` events. The
+attempt (`_Attempt`) runs beside the stream's reader, so a `restart` or `done` from the
+scheduler ends it at once, and a client that leaves ends it too (closing the worker's
+stream is how vLLM learns to abort). Output moderation checks the text here, as the
+scheduler checks the answers it streams itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator
+from typing import Any
+
+from asgiref.sync import sync_to_async
+from django.db import connections
+
+from chatsite import sse, stream_hub
+from chatsite.redis import REDIS_FAULTS
+from chatsite.stream_events import StreamEvent
+
+from . import hooks, queue
+from .client import OpenAICompatibleClient, WorkerFault, get_client
+from .relay import (
+    BEAT_FIELD,
+    BEAT_SECONDS,
+    FIRST_FIELD,
+    OUTCOME_FIELD,
+    REPORT_RETRY_DELAYS,
+    End,
+    Order,
+    Outcome,
+)
+from .scheduler.guard import OutputGuard, configured_guard
+
+logger = logging.getLogger(__name__)
+
+_CLIENT: OpenAICompatibleClient | None = None
+_GUARD: list[OutputGuard] = []
+
+
+def _client() -> OpenAICompatibleClient:
+    """The process's client of the workers (one aiohttp session per event loop)."""
+    global _CLIENT
+    if _CLIENT is None:
+        _CLIENT = get_client()
+    return _CLIENT
+
+
+async def close_client() -> None:
+    """Close the client's session (a process that serves on one event loop never needs to)."""
+    if _CLIENT is not None:
+        await _CLIENT.aclose()
+
+
+def _guard() -> OutputGuard:
+    if not _GUARD:
+        _GUARD.append(configured_guard())
+    return _GUARD[0]
+
+
+# What `follow` yields: an event and its payload, or None after a heartbeat period of nothing.
+Item = tuple[str, dict[str, Any]] | None
+
+
+async def follow(generation_id: str, *, user_id: int, relay: bool) -> AsyncGenerator[Item, None]:
+    """The generation's events from its stream, until `done`. With `relay`, this request
+    queued the answer: each `relay` order is carried out here, its text yielded as `delta`
+    events, and the stream's own `delta`s (the whole text, which the replica writes at the
+    end for anyone else) are skipped. Closing it early (the client left) ends the attempt
+    under way and reports it as `LEFT`."""
+    inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+    reader = asyncio.ensure_future(_read_stream(generation_id, inbox))
+    attempt: _Attempt | None = None
+    try:
+        while True:
+            kind, value = await inbox.get()
+            if kind == "text":
+                yield StreamEvent.DELTA, {"text": value}
+                continue
+            if kind == "failed":
+                raise value
+            if kind == "heartbeat":
+                yield None
+                continue
+            event, payload = value
+            if event == StreamEvent.RELAY:
+                if relay:
+                    if attempt is not None:
+                        await attempt.abandon()
+                    attempt = _Attempt(Order.from_data(payload), generation_id, user_id, inbox)
+                continue
+            if relay and event == StreamEvent.DELTA:
+                continue
+            if event in (StreamEvent.RESTART, StreamEvent.DONE) and attempt is not None:
+                # Void (another worker, another replica), or ended by the replica.
+                await attempt.abandon()
+                attempt = None
+            yield event, payload
+            if event == StreamEvent.DONE:
+                return
+    finally:
+        reader.cancel()
+        if attempt is not None:
+            await asyncio.shield(attempt.leave())
+        with contextlib.suppress(asyncio.CancelledError):
+            await reader
+
+
+async def _read_stream(generation_id: str, inbox: asyncio.Queue[tuple[str, Any]]) -> None:
+    try:
+        async for entry in sse.read(queue.stream_key(generation_id), "0-0"):
+            if entry is None:
+                inbox.put_nowait(("heartbeat", None))
+            else:
+                inbox.put_nowait(("event", (entry.event, entry.payload())))
+    except asyncio.CancelledError:
+        raise
+    except Exception as exc:  # Redis failed: the view decides what the client gets
+        inbox.put_nowait(("failed", exc))
+
+
+class _Attempt:
+    """One relay order carried out: the worker's text into the inbox, its first token, its
+    beats and its outcome to the replica."""
+
+    def __init__(
+        self,
+        order: Order,
+        generation_id: str,
+        user_id: int,
+        inbox: asyncio.Queue[tuple[str, Any]],
+    ) -> None:
+        self.order = order
+        self.generation_id = generation_id
+        self.user_id = user_id
+        self.inbox = inbox
+        self.outcome = Outcome(attempt=order.attempt, end=End.COMPLETE)
+        # Whether being cancelled means the client left (reported), or the attempt was void.
+        self._report_cancel = True
+        self._task = asyncio.ensure_future(self._run())
+
+    async def abandon(self) -> None:
+        """Stop without a report: the replica voided or ended the attempt."""
+        self._report_cancel = False
+        await self._stop()
+
+    async def leave(self) -> None:
+        """Stop because the client left: reported as `LEFT`, with what was read."""
+        await self._stop()
+
+    async def _stop(self) -> None:
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+
+    async def _run(self) -> None:
+        redis = stream_hub.hub().commands
+        beat = asyncio.ensure_future(self._beat(redis))
+        try:
+            await self._read()
+        except asyncio.CancelledError:
+            if not self._report_cancel:
+                raise
+            self.outcome.end = End.LEFT
+            await asyncio.shield(self._report(redis))
+            raise
+        finally:
+            beat.cancel()
+        await self._report(redis)
+
+    async def _read(self) -> None:
+        outcome, order = self.outcome, self.order
+        guard = _guard()
+        window = guard.window()
+        stream = _client().stream_body(
+            base_url=order.url, body=order.body, request_id=order.request_id or None
+        )
+        try:
+            async for chunk in stream:
+                if chunk.usage:
+                    outcome.usage = chunk.usage
+                if chunk.finish_reason:
+                    outcome.finish_reason = chunk.finish_reason
+                if not chunk.text:
+                    continue
+                outcome.tokens += 1
+                outcome.text += chunk.text
+                self.inbox.put_nowait(("text", chunk.text))
+                if outcome.tokens == 1:
+                    await self._first_token()
+                if window is not None and (excerpt := window.due(outcome.text)):
+                    verdict = await guard.check(excerpt)
+                    if window.record(verdict, excerpt, end=len(outcome.text)):
+                        break  # closing the stream aborts the request in vLLM
+        except WorkerFault as fault:
+            outcome.end = End.FAULT
+            outcome.fault_code, outcome.fault_message = str(fault.code), fault.message
+        finally:
+            await stream.aclose()  # type: ignore[attr-defined]
+        if window is None:
+            return
+        text = outcome.text
+        finished = window.blocked is None and outcome.end == End.COMPLETE
+        if finished and text.strip() and not window.covered(text):
+            # The whole answer once more (as the scheduler checks its own at the end).
+            window.record(await guard.check(text), text, end=len(text))
+        if window.blocked is not None:
+            outcome.end = End.BLOCKED
+            outcome.retract = dict(guard.retract_payload(window.blocked))
+        verdict = window.blocked or window.review
+        if verdict is not None:
+            excerpt = window.blocked_excerpt if window.blocked else window.review_excerpt
+            await self._flag(verdict, excerpt, retracted=window.blocked is not None)
+
+    async def _first_token(self) -> None:
+        try:
+            async with stream_hub.hub().commands.pipeline(transaction=False) as pipe:
+                pipe.eval(
+                    queue.HSET_IF_EXISTS,
+                    1,
+                    queue.job_key(self.generation_id),
+                    FIRST_FIELD,
+                    f"{self.order.attempt} {queue.now_ms()}",
+                )
+                pipe.publish(self._channel, f"{self.generation_id} {self.order.attempt} first")
+                await pipe.execute()
+        except REDIS_FAULTS:
+            logger.warning("could not report the first token of %s", self.generation_id)
+
+    @property
+    def _channel(self) -> str:
+        return queue.relay_channel(self.order.replica)
+
+    async def _beat(self, redis: Any) -> None:
+        while True:
+            await asyncio.sleep(BEAT_SECONDS)
+            with contextlib.suppress(*REDIS_FAULTS):
+                await redis.eval(
+                    queue.HSET_IF_EXISTS,
+                    1,
+                    queue.job_key(self.generation_id),
+                    BEAT_FIELD,
+                    f"{queue.now_ms()} {self.outcome.tokens}",
+                )
+
+    async def _report(self, redis: Any) -> None:
+        for delay in (*REPORT_RETRY_DELAYS, None):
+            try:
+                async with redis.pipeline(transaction=False) as pipe:
+                    pipe.eval(
+                        queue.HSET_IF_EXISTS,
+                        1,
+                        queue.job_key(self.generation_id),
+                        OUTCOME_FIELD,
+                        self.outcome.to_json(),
+                    )
+                    pipe.publish(self._channel, f"{self.generation_id} {self.order.attempt} end")
+                    await pipe.execute()
+                return
+            except REDIS_FAULTS:
+                if delay is None:
+                    logger.error("could not report the end of relay %s", self.generation_id)
+                    return
+                await asyncio.sleep(delay)
+
+    async def _flag(self, verdict: Any, excerpt: str, *, retracted: bool) -> None:
+        def flag() -> None:
+            try:
+                hooks.get_hooks().generation_output_flagged(
+                    generation_id=self.generation_id,
+                    user_id=self.user_id,
+                    excerpt=excerpt,
+                    verdict=verdict,
+                    retracted=retracted,
+                )
+            finally:
+                connections.close_all()
+
+        try:
+            await sync_to_async(flag, thread_sensitive=False)()
+        except Exception:
+            logger.exception("could not flag generation %s", self.generation_id)
