@@ -117,7 +117,10 @@ class DoneData(TypedDict, total=False):
 
 class RelayData(TypedDict):
     """An order to the edge that took the request (inference/relay.py): stream `body` from
-    the worker at `url`, and report to scheduler replica `replica` under `attempt`."""
+    the worker at `url`, and report to scheduler replica `replica` under `attempt`. The body
+    comes without its `messages`, which the edge reads from the job: a stream outlives its
+    answer by `GENERATION_STREAM_TTL_SECONDS`, and the prompt of a key that keeps nothing
+    must not."""
 
     attempt: int
     replica: str

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import logging
 from collections.abc import AsyncGenerator
 from typing import Any
@@ -178,8 +179,15 @@ class _Attempt:
         outcome, order = self.outcome, self.order
         guard = _guard()
         window = guard.window()
+        messages = await stream_hub.hub().commands.hget(
+            queue.job_key(self.generation_id), "messages"
+        )
+        if messages is None:
+            return  # the answer ended meanwhile (its job goes with it)
         stream = _client().stream_body(
-            base_url=order.url, body=order.body, request_id=order.request_id or None
+            base_url=order.url,
+            body={**order.body, "messages": json.loads(messages)},
+            request_id=order.request_id or None,
         )
         try:
             async for chunk in stream:

@@ -347,11 +347,12 @@ class Runs:
         if job.relay and not job.tools:
             body = chat_body(
                 model=view.served_model,
-                messages=run.messages,
+                messages=[],  # the edge reads them from the job (`RelayData`)
                 max_tokens=max_tokens,
                 priority=job.priority,
                 params=request_sampling(job.params, view.sampling_defaults, max_tokens=max_tokens),
             )
+            del body["messages"]
             await self._relayed_attempt(run, body, worker_request_id(job, str(run.attempt)))
             return
         stream = self.client.stream_chat(

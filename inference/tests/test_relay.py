@@ -98,6 +98,10 @@ async def test_the_edge_reads_the_answer_and_the_stream_carries_its_text_once(
     events = await sync_to_async(stream_events)(gid)
     assert [name for name, _ in events] == ["meta", "relay", "delta", "done"]
     assert events[1][1]["attempt"] == 1 and events[1][1]["url"] == fake.url
+    # The prompt is not kept in the stream, which outlives the answer: the edge read it
+    # from the job, which did not.
+    assert "messages" not in events[1][1]["body"]
+    assert fake.requests[0]["messages"] == [{"role": "user", "content": "Hello there"}]
     assert events[2][1]["text"] == seen.text
     assert len(fake.requests) == 1
     assert (event.prompt_tokens, event.output_tokens, event.status) == (11, 5, "complete")
