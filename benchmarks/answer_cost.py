@@ -302,7 +302,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     args = parser.parse_args(argv)
     # What `overhead.stack` reads: one edge, no peers.
-    args.edges, args.peers = 1, []
+    args.edges, args.peers, args.through_scheduler = 1, [], False
     return args
 
 

@@ -22,6 +22,10 @@ prompts start with their own random tag, so no side finds another's prompts in t
     REDIS_URL=redis://127.0.0.1:6379/12 SECRET_KEY=x \\
     .venv/bin/python benchmarks/overhead.py --workers http://127.0.0.1:8201
 
+`--through-scheduler` adds the side `v1-sched`: `/v1` through an edge of its own started with
+`INFERENCE_DIRECT_RELAY=0`, so every token passes through the scheduler and Redis, as before
+the edge read the worker itself; `v1` beside it, in the same run, is the relay.
+
 `--profile DIR` records the edge and the scheduler with py-spy (only samples holding the GIL)
 while they idle, and during the highest level, or `--profile-level N`
 (py-spy's raw collapsed stacks, one file per process and side; the frames with the most
@@ -88,7 +92,11 @@ DEFAULT_DATABASE_URL = "postgres://postgres@127.0.0.1:5432/chatsite_overhead_ben
 DEFAULT_REDIS_URL = "redis://127.0.0.1:6379/12"
 # The sides every run has; the peers (`--peers`) come after them.
 SIDES = ("direct", "v1", "conversations")
-SERVICE_SIDES = ("v1", "conversations")
+# With `--through-scheduler`, after them: `/v1` through an edge that does not read the worker
+# itself (`INFERENCE_DIRECT_RELAY=0`): every token through the scheduler and Redis, the design
+# before the relay, in the same run as the relay.
+THROUGH_SCHEDULER = "v1-sched"
+SERVICE_SIDES = ("v1", "conversations", THROUGH_SCHEDULER)
 # The service's kinds of process, whose CPU a service side is charged (and direct's column
 # shows: the service idling meanwhile). A peer side is charged its own process tree.
 SERVICE_KINDS = ("edge", "scheduler", "celery", "postgres", "redis")
@@ -284,10 +292,13 @@ class Service:
     raw_key: str
     model: str
     peers: list[Peer] = field(default_factory=list)
+    # The edge that does not relay (`--through-scheduler`), if one was started.
+    through_scheduler_url: str | None = None
 
     @property
     def sides(self) -> list[str]:
-        return [*SIDES, *(peer.side for peer in self.peers)]
+        ours = [*SIDES, *([THROUGH_SCHEDULER] if self.through_scheduler_url else [])]
+        return [*ours, *(peer.side for peer in self.peers)]
 
 
 async def idle_cpu(service: Service, seconds: float) -> dict[str, float]:
@@ -308,6 +319,15 @@ async def measure(
         openai.AsyncOpenAI(base_url=f"{u}/v1", api_key=service.raw_key, max_retries=0)
         for u in service.edge_urls
     ]
+    through_scheduler = (
+        openai.AsyncOpenAI(
+            base_url=f"{service.through_scheduler_url}/v1",
+            api_key=service.raw_key,
+            max_retries=0,
+        )
+        if service.through_scheduler_url
+        else None
+    )
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     conversations = [
         httpx.AsyncClient(
@@ -321,6 +341,8 @@ async def measure(
     peers = {peer.side: peer for peer in service.peers}
     served = (await direct[0].models.list()).data[0].id
     await one(v1[0], service.model, prompt("warm", 0), 4)
+    if through_scheduler is not None:
+        await one(through_scheduler, service.model, prompt("warm", 0), 4)
     await one(direct[0], served, prompt("warm", 0), 4)
     await conversation_one(conversations[0], prompt("warm", 0), [])
     for peer in peers.values():
@@ -353,6 +375,8 @@ async def measure(
                     return await one(direct[i % len(direct)], served, messages, args.max_tokens)
                 if side == "v1":
                     return await one(v1[i % len(v1)], service.model, messages, args.max_tokens)
+                if side == THROUGH_SCHEDULER and through_scheduler is not None:
+                    return await one(through_scheduler, service.model, messages, args.max_tokens)
                 if side in peers:
                     peer = peers[side]
                     return await one(peer.client, peer.model, messages, args.max_tokens)
@@ -704,6 +728,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--idle", type=float, default=10.0, help="seconds of idle CPU measured before the levels"
     )
+    parser.add_argument(
+        "--through-scheduler",
+        action="store_true",
+        help=f"also the side {THROUGH_SCHEDULER}: /v1 with every token through the scheduler",
+    )
     parser.add_argument("--results", type=Path, default=ROOT / "benchmarks" / "results")
     return parser.parse_args(argv)
 
@@ -758,6 +787,14 @@ def stack(args: argparse.Namespace, urls: list[str]) -> Iterator[Stack]:
             # Celery's prefork children must not inherit a connection pool (see the Procfile).
             {**env, "DB_POOL_MAX_SIZE": "0"},
         )
+        if args.through_scheduler:
+            port = free_port()
+            ports.append(port)
+            started[f"edge-{port}"] = start(
+                edge_command(port),
+                logs / f"edge-{port}.log",
+                {**env, "INFERENCE_DIRECT_RELAY": "0"},
+            )
         edge_urls = [f"http://127.0.0.1:{port}" for port in ports]
         for url, port in zip(edge_urls, ports, strict=True):
             wait_up(f"{url}/v1/models", started[f"edge-{port}"], logs / f"edge-{port}.log")
@@ -773,7 +810,8 @@ def stack(args: argparse.Namespace, urls: list[str]) -> Iterator[Stack]:
             **{peer.side: [peer.process.pid] for peer in peers},
         }
         service = Service(
-            edge_urls=edge_urls,
+            edge_urls=edge_urls[: args.edges],
+            through_scheduler_url=edge_urls[args.edges] if args.through_scheduler else None,
             roots=roots,
             raw_key=raw_key,
             model=settings.DEFAULT_MODEL,

@@ -418,7 +418,11 @@ LOGGING = logging_config(LOG_FORMAT, os.environ.get("LOG_LEVEL", "INFO"))
 # models (scikit-learn: 2.5 s). Each a function without arguments; no database in them.
 EDGE_WARM_UP = env_list(
     "EDGE_WARM_UP",
-    ["inference.tokens.warm_default_tokenizer", "moderation.engine.warm_input"],
+    [
+        "inference.tokens.warm_default_tokenizer",
+        "moderation.engine.warm_input",
+        "inference.edge_relay.warm",
+    ],
 )
 
 # Where the edge runs the sync work of a turn (`chatsite.threads`: `/v1` chat requests and the

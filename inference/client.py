@@ -19,7 +19,7 @@ import socket
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator, Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, overload
+from typing import Any, TypeVar, overload
 from urllib.parse import urlsplit
 
 import aiohttp
@@ -32,6 +32,12 @@ from chatsite.netpolicy import AddressPolicy, AddressRefused
 
 # The setting whose networks workers may be reached on besides public addresses.
 WORKER_NETWORKS_SETTING = "INFERENCE_WORKER_ALLOWED_NETWORKS"
+
+
+T = TypeVar("T")
+
+# A streamed line is one chunk of JSON: room for a long tool call's, not for a worker gone mad.
+MAX_LINE_BYTES = 2**20
 
 
 class FaultCode(enum.StrEnum):
@@ -313,7 +319,7 @@ class OpenAICompatibleClient:
                 timeout=aiohttp.ClientTimeout(
                     total=None, connect=5.0, sock_read=max(self.stall, self.first_token)
                 ),
-                # A streamed line is one chunk of JSON: room for a long tool call's.
+                # What one read may hold (several events of a fast stream, a long tool call's).
                 read_bufsize=2**20,
                 # Nothing of the environment's proxies or .netrc: workers are reached directly.
                 trust_env=False,
@@ -419,25 +425,41 @@ class OpenAICompatibleClient:
                 FaultCode.WORKER_ERROR, f"worker answered {response.status}: {detail}"
             )
         finished = False
-        lines = aiter(response.content)
+        reads = _data_lines(response.content)
         watchdog = _Watchdog(self, base_url)
         try:
-            while True:
+            while not finished:
                 try:
-                    line = await watchdog.next(lines)
+                    payloads = await watchdog.next(reads)
                 except StopAsyncIteration:
                     break
-                if not line.startswith(b"data:"):
-                    continue
-                payload = line[5:].strip()
-                if payload == b"[DONE]":
-                    finished = True
-                    break
-                yield _parse_chunk(payload)
+                for payload in payloads:
+                    if payload == b"[DONE]":
+                        finished = True
+                        break
+                    yield _parse_chunk(payload)
         finally:
             watchdog.stop()
+            await reads.aclose()
         if not finished:
             raise WorkerFault(FaultCode.WORKER_DISCONNECTED, "the worker closed the stream early")
+
+
+async def _data_lines(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
+    """The `data:` payloads of a Server-Sent Events body, those of each read together: one
+    step per read from the socket (vLLM writes each token's event at once), not one per
+    line, which took a token two steps of aiohttp's line reader."""
+    rest = b""
+    async for data in content.iter_any():
+        lines = (rest + data).split(b"\n") if rest else data.split(b"\n")
+        rest = lines.pop()
+        if len(rest) > MAX_LINE_BYTES:
+            raise WorkerFault(FaultCode.BAD_RESPONSE, "a line of the worker's stream is too long")
+        payloads = [line[5:].strip() for line in lines if line.startswith(b"data:")]
+        if payloads:
+            yield payloads
+    if rest.startswith(b"data:"):
+        yield [rest[5:].strip()]
 
 
 def chat_body(
@@ -493,7 +515,7 @@ class _Watchdog:
         self.gave_up: str | None = None
         self.timer = self.loop.call_at(self.since + client.first_token, self._check)
 
-    async def next(self, lines: AsyncIterator[bytes]) -> bytes:
+    async def next(self, lines: AsyncIterator[T]) -> T:
         self.since = self.loop.time()
         self.waiting = True
         try:

@@ -19,6 +19,7 @@ from collections.abc import AsyncGenerator
 from typing import Any
 
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.db import connections
 
 from chatsite import sse, stream_hub
@@ -57,6 +58,13 @@ async def close_client() -> None:
     """Close the client's session (a process that serves on one event loop never needs to)."""
     if _CLIENT is not None:
         await _CLIENT.aclose()
+
+
+def warm() -> None:
+    """Load the output guard's classifiers as an edge process starts (`EDGE_WARM_UP`), not
+    during the first answer it relays."""
+    if settings.INFERENCE_DIRECT_RELAY:
+        _guard().warm()
 
 
 def _guard() -> OutputGuard:

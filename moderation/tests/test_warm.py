@@ -42,10 +42,18 @@ def test_with_output_checks_off_warming_loads_nothing() -> None:
 
 
 @pytest.mark.usefixtures("unloaded")
-@override_settings(MODERATION_INPUT_ENABLED=False)
+@override_settings(MODERATION_INPUT_ENABLED=False, INFERENCE_DIRECT_RELAY=False)
 def test_an_edge_without_input_checks_loads_no_classifier() -> None:
-    engine.warm_input()
+    warm_up()
     assert profanity._model is None
+
+
+@pytest.mark.usefixtures("unloaded")
+@override_settings(MODERATION_INPUT_ENABLED=False, INFERENCE_DIRECT_RELAY=True)
+def test_an_edge_that_relays_answers_loads_the_output_classifiers() -> None:
+    """It checks the answers it reads from the workers itself (inference/edge_relay.py)."""
+    warm_up()
+    assert isinstance(profanity._model, profanity.ProfanityModel)
 
 
 @override_settings(EDGE_WARM_UP=["moderation.engine.no_such_function"])
