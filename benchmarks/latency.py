@@ -15,6 +15,11 @@ Stream id starts with the millisecond it was added):
     to stream      first text at the scheduler -> its `delta` entry
     to client      `delta` entry -> the client reads the text (the edge's reader, SSE)
 
+A `/v1` answer the edge reads from the worker itself (a key that keeps nothing: inference/
+relay.py) has no `meta` running and no `delta` a token: its `to worker` ends at the `relay`
+order's entry, its `worker TTFT` at the edge's first text (the job's `relay_first`), and its
+`to stream` is nothing (the text goes from the edge's read straight to the client).
+
 For the conversation API the POST's answer time and the time its stream opened are shown too
 (the stream is opened after the POST). All values are medians over the rounds, in milliseconds;
 a stage is only as exact as Redis's millisecond ids. The job's timestamps are read as the
@@ -104,8 +109,13 @@ async def server_marks(redis: Any, generation_id: str) -> dict[str, float]:
         event = fields.get("event")
         if event == "meta" and "running" in fields.get("data", "") and "meta" not in marks:
             marks["meta"] = entry_ms(entry_id)
+        if event == "relay" and "meta" not in marks:
+            marks["meta"] = entry_ms(entry_id)
         if event == "delta" and "delta" not in marks:
             marks["delta"] = entry_ms(entry_id)
+    if "relay_first" in job:
+        # Relayed: the first text as the edge read it, on its way to the client at once.
+        marks["first_token_ms"] = marks["delta"] = float(job["relay_first"].split()[1])
     return marks
 
 

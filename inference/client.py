@@ -367,7 +367,7 @@ class OpenAICompatibleClient:
         request_id: str | None = None,
         tools: list[dict[str, Any]] | None = None,
         tool_choice: str | dict[str, Any] | None = None,
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """Yield the answer as it is produced; closing the iterator aborts the request.
 
         With `tools` (OpenAI's format) the model may answer with tool calls, which arrive as
@@ -387,7 +387,7 @@ class OpenAICompatibleClient:
 
     async def stream_body(
         self, *, base_url: str, body: dict[str, Any], request_id: str | None = None
-    ) -> AsyncIterator[Chunk]:
+    ) -> AsyncGenerator[Chunk, None]:
         """`stream_chat` of a request already made (`chat_body`): what the scheduler hands an
         edge that reads the worker itself (`inference.relay`)."""
         tools = bool(body.get("tools"))
@@ -445,7 +445,7 @@ class OpenAICompatibleClient:
             raise WorkerFault(FaultCode.WORKER_DISCONNECTED, "the worker closed the stream early")
 
 
-async def _data_lines(content: aiohttp.StreamReader) -> AsyncIterator[list[bytes]]:
+async def _data_lines(content: aiohttp.StreamReader) -> AsyncGenerator[list[bytes], None]:
     """The `data:` payloads of a Server-Sent Events body, those of each read together: one
     step per read from the socket (vLLM writes each token's event at once), not one per
     line, which took a token two steps of aiohttp's line reader."""

@@ -27,7 +27,7 @@ from chatsite.redis import REDIS_FAULTS
 from chatsite.stream_events import StreamEvent
 
 from . import hooks, queue
-from .client import OpenAICompatibleClient, WorkerFault, get_client
+from .client import Chunk, FaultCode, OpenAICompatibleClient, WorkerFault, get_client
 from .relay import (
     BEAT_FIELD,
     BEAT_SECONDS,
@@ -187,17 +187,18 @@ class _Attempt:
         outcome, order = self.outcome, self.order
         guard = _guard()
         window = guard.window()
-        messages = await stream_hub.hub().commands.hget(
-            queue.job_key(self.generation_id), "messages"
-        )
-        if messages is None:
-            return  # the answer ended meanwhile (its job goes with it)
-        stream = _client().stream_body(
-            base_url=order.url,
-            body={**order.body, "messages": json.loads(messages)},
-            request_id=order.request_id or None,
-        )
+        stream: AsyncGenerator[Chunk, None] | None = None
         try:
+            messages = await stream_hub.hub().commands.hget(
+                queue.job_key(self.generation_id), "messages"
+            )
+            if messages is None:
+                return  # the answer ended meanwhile (its job goes with it)
+            stream = _client().stream_body(
+                base_url=order.url,
+                body={**order.body, "messages": json.loads(messages)},
+                request_id=order.request_id or None,
+            )
             async for chunk in stream:
                 if chunk.usage:
                     outcome.usage = chunk.usage
@@ -217,8 +218,16 @@ class _Attempt:
         except WorkerFault as fault:
             outcome.end = End.FAULT
             outcome.fault_code, outcome.fault_message = str(fault.code), fault.message
+        except Exception as exc:
+            # Reported as a fault at once (the replica retries or fails the answer), rather
+            # than left for the replica to find the relay silent.
+            logger.exception("relaying generation %s failed", self.generation_id)
+            outcome.end = End.FAULT
+            outcome.fault_code = FaultCode.BAD_RESPONSE
+            outcome.fault_message = f"the edge could not relay the answer: {type(exc).__name__}"
         finally:
-            await stream.aclose()  # type: ignore[attr-defined]
+            if stream is not None:
+                await stream.aclose()
         if window is None:
             return
         text = outcome.text

@@ -391,7 +391,7 @@ class Runs:
                 await coalescer.pending()
         finally:
             await coalescer.aclose()
-            await stream.aclose()  # type: ignore[attr-defined]
+            await stream.aclose()
         await self._flush(run)
 
     async def _relayed_attempt(self, run: Run, body: dict[str, Any], request_id: str) -> None:

@@ -16,7 +16,6 @@ from django.test import override_settings
 
 from chatsite.edge import warm_up
 from chatsite.testing import budget
-from moderation import engine
 from moderation.classifiers import profanity
 from moderation.output import StreamingOutputGuard
 
