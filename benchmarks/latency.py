@@ -87,19 +87,29 @@ def now_ms() -> float:
     return time.time() * 1000
 
 
+# How many times to read a relayed answer's marks before its first-token mark is in.
+RELAY_MARK_TRIES = 100
+
+
 def entry_ms(entry_id: str) -> float:
     return float(entry_id.split("-", 1)[0])
 
 
 async def server_marks(redis: Any, generation_id: str) -> dict[str, float]:
     """The job's timestamps and the ids of its stream's first entries, read as the first text
-    arrives (the job is deleted once the answer is final)."""
+    arrives (the job is deleted once the answer is final). A relayed answer's edge notes its
+    first token just after sending it: read again, a few ms apart, until that mark is in."""
     from inference import queue
 
-    job, entries = await asyncio.gather(
-        redis.hgetall(queue.job_key(generation_id)),
-        redis.xrange(queue.stream_key(generation_id), count=20),
-    )
+    for _ in range(RELAY_MARK_TRIES):
+        job, entries = await asyncio.gather(
+            redis.hgetall(queue.job_key(generation_id)),
+            redis.xrange(queue.stream_key(generation_id), count=20),
+        )
+        relayed = any(fields.get("event") == "relay" for _, fields in entries)
+        if not relayed or not job or "relay_first" in job:
+            break
+        await asyncio.sleep(0.005)
     marks = {
         name: float(job[name])
         for name in ("enqueued_ms", "claimed_ms", "first_token_ms")

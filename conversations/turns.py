@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cache
 from typing import Any, TypeVar
 
@@ -661,6 +661,8 @@ class UnkeptTurn:
 
     generation: UnkeptGeneration
     replayed: bool = False
+    # The prompt as the worker is asked it: what an edge that relays the answer sends.
+    messages: list[dict[str, Any]] = field(default_factory=list)
 
 
 def turn_unkept(
@@ -704,18 +706,16 @@ def turn_unkept(
         request=_messages_request(
             model, system_prompt, messages, max_tokens, params, tools, tool_choice
         ),
-        run=lambda: UnkeptTurn(
-            _unkept_start(
-                user=user,
-                conversation=conversation,
-                branch=written.branch[:-1],
-                parts=_client_parts(system_prompt, messages),
-                max_tokens=max_tokens,
-                params=params,
-                tools=tools,
-                tool_choice=tool_choice,
-                relay=relay,
-            )
+        run=lambda: _unkept_start(
+            user=user,
+            conversation=conversation,
+            branch=written.branch[:-1],
+            parts=_client_parts(system_prompt, messages),
+            max_tokens=max_tokens,
+            params=params,
+            tools=tools,
+            tool_choice=tool_choice,
+            relay=relay,
         ),
         replay=lambda stored: _unkept_replay(stored, user=user),
         result=lambda turn: {
@@ -746,7 +746,7 @@ def _unkept_start(
     tools: list[dict[str, Any]] | None,
     tool_choice: str | dict[str, Any] | None,
     relay: bool,
-) -> UnkeptGeneration:
+) -> UnkeptTurn:
     content = "\n\n".join(parts)
     accepted = _accept(user=user, conversation=conversation, content=content, max_tokens=max_tokens)
     verdict = _moderate_input(user=user, conversation=None, content=content, parts=parts)
@@ -776,7 +776,7 @@ def _unkept_start(
     )
     excerpt = parts[verdict.part] if verdict is not None and parts else content
     _flag_for_review(user=user, verdict=verdict, conversation=None, message=None, excerpt=excerpt)
-    return generation
+    return UnkeptTurn(generation, messages=prepared.context.messages)
 
 
 def _unkept_replay(stored: dict[str, Any], *, user: User) -> UnkeptTurn | None:

@@ -77,12 +77,19 @@ def _guard() -> OutputGuard:
 Item = tuple[str, dict[str, Any]] | None
 
 
-async def follow(generation_id: str, *, user_id: int, relay: bool) -> AsyncGenerator[Item, None]:
+async def follow(
+    generation_id: str,
+    *,
+    user_id: int,
+    relay: bool,
+    messages: list[dict[str, Any]] | None = None,
+) -> AsyncGenerator[Item, None]:
     """The generation's events from its stream, until `done`. With `relay`, this request
     queued the answer: each `relay` order is carried out here, its text yielded as `delta`
     events, and the stream's own `delta`s (the whole text, which the replica writes at the
     end for anyone else) are skipped. Closing it early (the client left) ends the attempt
-    under way and reports it as `LEFT`."""
+    under way and reports it as `LEFT`. `messages`: the prompt as the worker is asked it, if
+    the caller has it (the turn made it); else each attempt reads it from the job."""
     inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     reader = asyncio.ensure_future(_read_stream(generation_id, inbox))
     attempt: _Attempt | None = None
@@ -102,7 +109,8 @@ async def follow(generation_id: str, *, user_id: int, relay: bool) -> AsyncGener
                 if relay:
                     if attempt is not None:
                         await attempt.abandon()
-                    attempt = _Attempt(Order.from_data(payload), generation_id, user_id, inbox)
+                    order = Order.from_data(payload)
+                    attempt = _Attempt(order, generation_id, user_id, inbox, messages)
                 continue
             if relay and event == StreamEvent.DELTA:
                 continue
@@ -144,8 +152,10 @@ class _Attempt:
         generation_id: str,
         user_id: int,
         inbox: asyncio.Queue[tuple[str, Any]],
+        messages: list[dict[str, Any]] | None = None,
     ) -> None:
         self.order = order
+        self.messages = messages
         self.generation_id = generation_id
         self.user_id = user_id
         self.inbox = inbox
@@ -189,14 +199,17 @@ class _Attempt:
         window = guard.window()
         stream: AsyncGenerator[Chunk, None] | None = None
         try:
-            messages = await stream_hub.hub().commands.hget(
-                queue.job_key(self.generation_id), "messages"
-            )
+            messages = self.messages
             if messages is None:
-                return  # the answer ended meanwhile (its job goes with it)
+                stored = await stream_hub.hub().commands.hget(
+                    queue.job_key(self.generation_id), "messages"
+                )
+                if stored is None:
+                    return  # the answer ended meanwhile (its job goes with it)
+                messages = json.loads(stored)
             stream = _client().stream_body(
                 base_url=order.url,
-                body={**order.body, "messages": json.loads(messages)},
+                body={**order.body, "messages": messages},
                 request_id=order.request_id or None,
             )
             async for chunk in stream:

@@ -139,8 +139,10 @@ class _Started:
     model: str
     created: int
     user_id: int = 0
-    # This request reads the answer from the worker itself (inference/relay.py).
+    # This request reads the answer from the worker itself (inference/relay.py), with the
+    # prompt as the worker is asked it.
     relay: bool = False
+    messages: list[dict[str, Any]] | None = None
 
 
 def _start(key: ApiKey, wanted: ChatCompletionRequest, idempotency_key: str | None) -> _Started:
@@ -176,6 +178,7 @@ def _start(key: ApiKey, wanted: ChatCompletionRequest, idempotency_key: str | No
             int(time.time()),
             user_id=key.user.pk,
             relay=relay and not unkept.replayed,
+            messages=unkept.messages,
         )
     # The answer may take minutes: a connection this request opened must not wait with it.
     connections.close_all()
@@ -233,7 +236,12 @@ def _events(started: _Started) -> AsyncGenerator[edge_relay.Item, None]:
     after each heartbeat period in which nothing happened. A relayed answer's text comes
     from the worker (`edge_relay.follow`)."""
     if started.relay:
-        return edge_relay.follow(started.generation_id, user_id=started.user_id, relay=True)
+        return edge_relay.follow(
+            started.generation_id,
+            user_id=started.user_id,
+            relay=True,
+            messages=started.messages,
+        )
     return _stream_events(started.generation_id)
 
 

@@ -211,6 +211,9 @@ class Capacity:
         # Each active pool's active fallback pool, where it has one.
         self.fallbacks: dict[str, Fallback] = {}
         self.leases: dict[str, int] = {}  # generation id -> worker id
+        # When `renew` last pushed the leases back (ms); a lease is taken for a whole lease
+        # time, so a third of one between renewals leaves each two thirds to spare.
+        self._renewed_ms = 0
         # Each worker's speed, fitted from the first tokens this replica saw there.
         self.fits: dict[int, TTFTFit] = {}
         # The workers whose KV cache events reach this replica: the index holds what their
@@ -443,14 +446,17 @@ class Capacity:
         self.leases.pop(generation_id, None)
 
     async def renew(self) -> None:
-        """Push back the expiry of every lease this replica holds."""
-        if not self.leases:
+        """Push back the expiry of every lease this replica holds, once a third of a lease
+        time (housekeeping asks every second: a round trip a second for nothing)."""
+        now = queue.now_ms()
+        if not self.leases or now - self._renewed_ms < queue.LEASE_SECONDS * 1000 / 3:
             return
-        expiry = queue.now_ms() + queue.LEASE_SECONDS * 1000
+        expiry = now + queue.LEASE_SECONDS * 1000
         async with self.redis.pipeline(transaction=False) as pipe:
             for generation_id, worker_id in self.leases.items():
                 pipe.zadd(queue.lease_key(worker_id), {generation_id: expiry}, xx=True)
             await pipe.execute()
+        self._renewed_ms = now
 
 
 def background_order(

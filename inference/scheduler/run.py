@@ -532,12 +532,19 @@ class Runs:
         if not run.first_token_seen:
             run.first_token_seen = True
             metrics.first_token(run.job)
-            try:
-                await self.redis.eval(
-                    queue.HSET_IF_EXISTS, 1, queue.job_key(gid), "first_token_ms", queue.now_ms()
-                )
-            except REDIS_FAULTS:  # Redis is away; the answer goes on (the writer holds it)
-                logger.warning("could not note the first token of %s", gid)
+            # Housekeeping's mark (the grace of a stream nobody reads); a relayed answer's
+            # edge noted its own (`relay_first`), and nobody tails it but that edge.
+            if not run.job.relay:
+                try:
+                    await self.redis.eval(
+                        queue.HSET_IF_EXISTS,
+                        1,
+                        queue.job_key(gid),
+                        "first_token_ms",
+                        queue.now_ms(),
+                    )
+                except REDIS_FAULTS:  # Redis is away; the answer goes on (the writer holds it)
+                    logger.warning("could not note the first token of %s", gid)
         if run.job.kept:  # an unkept answer has no row to mark
             self._spawn(
                 sync_to_async(services.generation_mark_started)(

@@ -107,6 +107,25 @@ async def test_the_edge_reads_the_answer_and_the_stream_carries_its_text_once(
     assert (event.prompt_tokens, event.output_tokens, event.status) == (11, 5, "complete")
 
 
+async def test_an_edge_that_has_the_prompt_sends_it_without_reading_the_job(
+    user: User, fake_workers: Any
+) -> None:
+    """The `/v1` view hands `follow` the prompt its turn made (one round trip less before
+    the first token); whatever it hands is what the worker is asked."""
+    fake = fake_workers(tokens=2)
+    await sync_to_async(register_pool)(fake)
+    gid = await send_unkept(user, relay=True)
+    given = [{"role": "user", "content": "Handed over by the edge"}]
+
+    async with running_schedulers():
+        items = edge_relay.follow(gid, user_id=user.pk, relay=True, messages=given)
+        async with contextlib.aclosing(items):
+            names = [item[0] async for item in items if item is not None]
+
+    assert names == ["meta", "delta", "delta", "done"]
+    assert [request["messages"] for request in fake.requests] == [given]
+
+
 async def test_another_follower_gets_the_text_the_replica_writes_at_the_end(
     user: User, fake_workers: Any
 ) -> None:
