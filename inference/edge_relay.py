@@ -39,6 +39,7 @@ from .relay import (
     Outcome,
 )
 from .scheduler.guard import OutputGuard, configured_guard
+from .scheduler.writer import Coalescer
 
 logger = logging.getLogger(__name__)
 
@@ -162,6 +163,8 @@ class _Attempt:
         self.outcome = Outcome(attempt=order.attempt, end=End.COMPLETE)
         # Whether being cancelled means the client left (reported), or the attempt was void.
         self._report_cancel = True
+        # Text read and not yet handed to the client (`_flush`).
+        self._pending = ""
         self._task = asyncio.ensure_future(self._run())
 
     async def abandon(self) -> None:
@@ -198,6 +201,9 @@ class _Attempt:
         guard = _guard()
         window = guard.window()
         stream: AsyncGenerator[Chunk, None] | None = None
+        # The client gets the text as the scheduler used to send it: the first piece at once,
+        # then what piled up once per `SCHEDULER_COALESCE_MS` (one write, not one a token).
+        coalescer = Coalescer(self._flush, interval=settings.SCHEDULER_COALESCE_MS / 1000)
         try:
             messages = self.messages
             if messages is None:
@@ -221,7 +227,8 @@ class _Attempt:
                     continue
                 outcome.tokens += 1
                 outcome.text += chunk.text
-                self.inbox.put_nowait(("text", chunk.text))
+                self._pending += chunk.text
+                await coalescer.pending()
                 if outcome.tokens == 1:
                     await self._first_token()
                 if window is not None and (excerpt := window.due(outcome.text)):
@@ -239,9 +246,11 @@ class _Attempt:
             outcome.fault_code = FaultCode.BAD_RESPONSE
             outcome.fault_message = f"the edge could not relay the answer: {type(exc).__name__}"
         finally:
+            await coalescer.aclose()
             if stream is not None:
                 await stream.aclose()
         if window is None:
+            await self._flush()
             return
         text = outcome.text
         finished = window.blocked is None and outcome.end == End.COMPLETE
@@ -251,10 +260,18 @@ class _Attempt:
         if window.blocked is not None:
             outcome.end = End.BLOCKED
             outcome.retract = dict(guard.retract_payload(window.blocked))
+            self._pending = ""  # withdrawn: what the client has not seen, it never will
+        await self._flush()
         verdict = window.blocked or window.review
         if verdict is not None:
             excerpt = window.blocked_excerpt if window.blocked else window.review_excerpt
             await self._flag(verdict, excerpt, retracted=window.blocked is not None)
+
+    async def _flush(self) -> None:
+        """Hand the client the text read since the last flush."""
+        if self._pending:
+            text, self._pending = self._pending, ""
+            self.inbox.put_nowait(("text", text))
 
     async def _first_token(self) -> None:
         try:

@@ -92,7 +92,9 @@ async def test_the_edge_reads_the_answer_and_the_stream_carries_its_text_once(
         event = await usage_of(gid)
 
     assert seen.text == "tok0 tok1 tok2 tok3 tok4 "
-    assert seen.names == ["meta", *["delta"] * 5, "done"]
+    # The first piece at once, the rest gathered as the scheduler gathered them.
+    assert seen.names[0] == "meta" and seen.names[-1] == "done"
+    assert set(seen.names[1:-1]) == {"delta"} and 1 < len(seen.names) - 1 <= 5
     assert seen.done["status"] == "complete" and seen.done["output_tokens"] == 5
     # The stream: the order, the whole text once (for a replay), the end; no delta a token.
     events = await sync_to_async(stream_events)(gid)
@@ -122,7 +124,7 @@ async def test_an_edge_that_has_the_prompt_sends_it_without_reading_the_job(
         async with contextlib.aclosing(items):
             names = [item[0] async for item in items if item is not None]
 
-    assert names == ["meta", "delta", "delta", "done"]
+    assert names[0] == "meta" and names[-1] == "done" and "delta" in names
     assert [request["messages"] for request in fake.requests] == [given]
 
 
