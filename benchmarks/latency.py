@@ -99,7 +99,7 @@ async def server_marks(redis: Any, generation_id: str) -> dict[str, float]:
     """The job's timestamps and the ids of its stream's first entries, read as the first text
     arrives (the job is deleted once the answer is final). A relayed answer's edge notes its
     first token just after sending it: read again, a few ms apart, until that mark is in."""
-    from inference import queue
+    from inference import queue, relay
 
     for _ in range(RELAY_MARK_TRIES):
         job, entries = await asyncio.gather(
@@ -107,7 +107,7 @@ async def server_marks(redis: Any, generation_id: str) -> dict[str, float]:
             redis.xrange(queue.stream_key(generation_id), count=20),
         )
         relayed = any(fields.get("event") == "relay" for _, fields in entries)
-        if not relayed or not job or "relay_first" in job:
+        if not relayed or not job or relay.FIRST_FIELD in job:
             break
         await asyncio.sleep(0.005)
     marks = {
@@ -123,9 +123,10 @@ async def server_marks(redis: Any, generation_id: str) -> dict[str, float]:
             marks["meta"] = entry_ms(entry_id)
         if event == "delta" and "delta" not in marks:
             marks["delta"] = entry_ms(entry_id)
-    if "relay_first" in job:
+    if relay.FIRST_FIELD in job:
         # Relayed: the first text as the edge read it, on its way to the client at once.
-        marks["first_token_ms"] = marks["delta"] = float(job["relay_first"].split()[1])
+        _, first_ms = relay.parse_beat(job[relay.FIRST_FIELD])
+        marks["first_token_ms"] = marks["delta"] = float(first_ms)
     return marks
 
 

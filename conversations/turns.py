@@ -661,7 +661,9 @@ class UnkeptTurn:
 
     generation: UnkeptGeneration
     replayed: bool = False
-    # The prompt as the worker is asked it: what an edge that relays the answer sends.
+    # Whether the caller reads the answer from the worker itself (inference/relay.py), and
+    # the prompt as the worker is asked it, which it then sends.
+    relay: bool = False
     messages: list[dict[str, Any]] = field(default_factory=list)
 
 
@@ -680,8 +682,9 @@ def turn_unkept(
 ) -> UnkeptTurn:
     """`turn_from_messages` for a key that keeps nothing: the same steps but the third.
 
-    With `relay` (and no tools) the caller reads the worker's stream itself once the
-    scheduler has placed the answer (inference/relay.py); a replay never does.
+    With `relay` the caller reads the worker's stream itself once the scheduler has placed
+    the answer (inference/relay.py), unless the model is offered tools (the client's, or the
+    user's plugins): the turn's `relay` says which. A replay never relays.
 
     The request is accepted, moderated, assembled, reserved and queued from what it carries;
     no conversation, message or generation row is written (nothing is created to be deleted),
@@ -761,6 +764,8 @@ def _unkept_start(
         attachments=None,
         preamble=(),
     )
+    # Tool calls, the client's or the plugins', need the scheduler's tool loop.
+    relay = relay and not prepared.tools
     generation = generation_new_unkept(
         user=user, pool=accepted.pool, tier=accepted.plan.tier, max_tokens=accepted.max_tokens
     )
@@ -776,7 +781,7 @@ def _unkept_start(
     )
     excerpt = parts[verdict.part] if verdict is not None and parts else content
     _flag_for_review(user=user, verdict=verdict, conversation=None, message=None, excerpt=excerpt)
-    return UnkeptTurn(generation, messages=prepared.context.messages)
+    return UnkeptTurn(generation, relay=relay, messages=prepared.context.messages)
 
 
 def _unkept_replay(stored: dict[str, Any], *, user: User) -> UnkeptTurn | None:

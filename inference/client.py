@@ -465,17 +465,18 @@ async def _data_lines(content: aiohttp.StreamReader) -> AsyncGenerator[list[byte
 def chat_body(
     *,
     model: str,
-    messages: list[dict[str, Any]],
+    messages: list[dict[str, Any]] | None,
     max_tokens: int,
     priority: int,
     params: dict[str, Any] | None = None,
     tools: list[dict[str, Any]] | None = None,
     tool_choice: str | dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The body of a streamed chat completion as a worker is asked it, usage included."""
+    """The body of a streamed chat completion as a worker is asked it, usage included;
+    without `messages` when None (a relay order: the edge adds them)."""
     body: dict[str, Any] = {
         "model": model,
-        "messages": messages,
+        **({"messages": messages} if messages is not None else {}),
         "max_tokens": max_tokens,
         "stream": True,
         "stream_options": {"include_usage": True},

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import logging
 from collections.abc import AsyncGenerator
@@ -24,7 +25,7 @@ from django.db import connections
 
 from chatsite import sse, stream_hub
 from chatsite.redis import REDIS_FAULTS
-from chatsite.stream_events import StreamEvent
+from chatsite.stream_events import INTERNAL_EVENTS, StreamEvent
 
 from . import hooks, queue
 from .client import Chunk, FaultCode, OpenAICompatibleClient, WorkerFault, get_client
@@ -43,22 +44,16 @@ from .scheduler.writer import Coalescer
 
 logger = logging.getLogger(__name__)
 
-_CLIENT: OpenAICompatibleClient | None = None
-_GUARD: list[OutputGuard] = []
 
-
+@functools.cache
 def _client() -> OpenAICompatibleClient:
     """The process's client of the workers (one aiohttp session per event loop)."""
-    global _CLIENT
-    if _CLIENT is None:
-        _CLIENT = get_client()
-    return _CLIENT
+    return get_client()
 
 
 async def close_client() -> None:
     """Close the client's session (a process that serves on one event loop never needs to)."""
-    if _CLIENT is not None:
-        await _CLIENT.aclose()
+    await _client().aclose()
 
 
 def warm() -> None:
@@ -68,10 +63,9 @@ def warm() -> None:
         _guard().warm()
 
 
+@functools.cache
 def _guard() -> OutputGuard:
-    if not _GUARD:
-        _GUARD.append(configured_guard())
-    return _GUARD[0]
+    return configured_guard()
 
 
 # What `follow` yields: an event and its payload, or None after a heartbeat period of nothing.
@@ -91,6 +85,14 @@ async def follow(
     end for anyone else) are skipped. Closing it early (the client left) ends the attempt
     under way and reports it as `LEFT`. `messages`: the prompt as the worker is asked it, if
     the caller has it (the turn made it); else each attempt reads it from the job."""
+    if not relay:
+        async with contextlib.aclosing(sse.read(queue.stream_key(generation_id), "0-0")) as read:
+            async for entry in read:
+                if entry is None:
+                    yield None
+                elif entry.event not in INTERNAL_EVENTS:
+                    yield entry.event, entry.payload()
+        return
     inbox: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
     reader = asyncio.ensure_future(_read_stream(generation_id, inbox))
     attempt: _Attempt | None = None
@@ -107,14 +109,13 @@ async def follow(
                 continue
             event, payload = value
             if event == StreamEvent.RELAY:
-                if relay:
-                    if attempt is not None:
-                        await attempt.abandon()
-                    order = Order.from_data(payload)
-                    attempt = _Attempt(order, generation_id, user_id, inbox, messages)
+                if attempt is not None:
+                    await attempt.abandon()
+                order = Order.from_data(payload)
+                attempt = _Attempt(order, generation_id, user_id, inbox, messages)
                 continue
-            if relay and event == StreamEvent.DELTA:
-                continue
+            if event == StreamEvent.DELTA:
+                continue  # the replica's copy of the text this edge relayed
             if event in (StreamEvent.RESTART, StreamEvent.DONE) and attempt is not None:
                 # Void (another worker, another replica), or ended by the replica.
                 await attempt.abandon()
@@ -160,6 +161,8 @@ class _Attempt:
         self.generation_id = generation_id
         self.user_id = user_id
         self.inbox = inbox
+        # The loop's one client for the responses' commands (`stream_hub`).
+        self.redis = stream_hub.hub().commands
         self.outcome = Outcome(attempt=order.attempt, end=End.COMPLETE)
         # Whether being cancelled means the client left (reported), or the attempt was void.
         self._report_cancel = True
@@ -182,19 +185,18 @@ class _Attempt:
             await self._task
 
     async def _run(self) -> None:
-        redis = stream_hub.hub().commands
-        beat = asyncio.ensure_future(self._beat(redis))
+        beat = asyncio.ensure_future(self._beat())
         try:
             await self._read()
         except asyncio.CancelledError:
             if not self._report_cancel:
                 raise
             self.outcome.end = End.LEFT
-            await asyncio.shield(self._report(redis))
+            await asyncio.shield(self._report())
             raise
         finally:
             beat.cancel()
-        await self._report(redis)
+        await self._report()
 
     async def _read(self) -> None:
         outcome, order = self.outcome, self.order
@@ -207,9 +209,7 @@ class _Attempt:
         try:
             messages = self.messages
             if messages is None:
-                stored = await stream_hub.hub().commands.hget(
-                    queue.job_key(self.generation_id), "messages"
-                )
+                stored = await self.redis.hget(queue.job_key(self.generation_id), "messages")
                 if stored is None:
                     return  # the answer ended meanwhile (its job goes with it)
                 messages = json.loads(stored)
@@ -275,7 +275,7 @@ class _Attempt:
 
     async def _first_token(self) -> None:
         try:
-            async with stream_hub.hub().commands.pipeline(transaction=False) as pipe:
+            async with self.redis.pipeline(transaction=False) as pipe:
                 pipe.eval(
                     queue.HSET_IF_EXISTS,
                     1,
@@ -292,11 +292,11 @@ class _Attempt:
     def _channel(self) -> str:
         return queue.relay_channel(self.order.replica)
 
-    async def _beat(self, redis: Any) -> None:
+    async def _beat(self) -> None:
         while True:
             await asyncio.sleep(BEAT_SECONDS)
             with contextlib.suppress(*REDIS_FAULTS):
-                await redis.eval(
+                await self.redis.eval(
                     queue.HSET_IF_EXISTS,
                     1,
                     queue.job_key(self.generation_id),
@@ -304,10 +304,10 @@ class _Attempt:
                     f"{queue.now_ms()} {self.outcome.tokens}",
                 )
 
-    async def _report(self, redis: Any) -> None:
+    async def _report(self) -> None:
         for delay in (*REPORT_RETRY_DELAYS, None):
             try:
-                async with redis.pipeline(transaction=False) as pipe:
+                async with self.redis.pipeline(transaction=False) as pipe:
                     pipe.eval(
                         queue.HSET_IF_EXISTS,
                         1,

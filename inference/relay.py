@@ -116,7 +116,8 @@ class Order:
 
 
 def parse_beat(raw: str | None) -> tuple[int, int]:
-    """`relay_beat`'s time (ms) and tokens read; (0, 0) when there is none."""
+    """The two numbers of a relay's field: `relay_beat`'s time (ms) and tokens read,
+    `relay_first`'s attempt and time (ms); (0, 0) when there is none."""
     try:
         at, tokens = (raw or "").split()
         return int(at), int(tokens)

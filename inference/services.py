@@ -82,7 +82,8 @@ class GenerationRequest:
     # `notice` the stream's first event carries.
     route: dict[str, str] | None = None
     # The edge that took the request reads the worker's stream itself (`queue.Job.relay`):
-    # only for a generation without a row and without tools.
+    # only for a generation without a row, whose model is offered no tools (the caller's
+    # to decide: it must know whether it relays).
     relay: bool = False
 
 
@@ -193,7 +194,7 @@ def generation_enqueue(
         run_tools=request.run_tools and bool(request.tools),
         may_fall_back=request.may_fall_back,
         kept=not isinstance(generation, UnkeptGeneration),
-        relay=request.relay and isinstance(generation, UnkeptGeneration) and not request.tools,
+        relay=request.relay and isinstance(generation, UnkeptGeneration),
         request_id=logs.request_id.get() or "",
     )
 

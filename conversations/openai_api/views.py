@@ -40,7 +40,7 @@ from chatsite.errors import ServiceError
 from chatsite.stream_events import StreamEvent
 from chatsite.threads import in_thread
 from conversations import turns
-from inference import edge_relay, queue
+from inference import edge_relay
 from inference.models import Generation
 from inference.services import generation_cancel, generation_cancel_unkept
 
@@ -169,15 +169,14 @@ def _start(key: ApiKey, wanted: ChatCompletionRequest, idempotency_key: str | No
     else:
         # Nothing is written: the answer lives in Redis until its end (inference/unkept.py),
         # and, without tools, this edge reads it from the worker (inference/relay.py).
-        relay = settings.INFERENCE_DIRECT_RELAY and not wanted.tools
-        unkept = turns.turn_unkept(**arguments, relay=relay)
+        unkept = turns.turn_unkept(**arguments, relay=settings.INFERENCE_DIRECT_RELAY)
         started = _Started(
             str(unkept.generation.id),
             None,
             unkept.generation.pool.name,
             int(time.time()),
             user_id=key.user.pk,
-            relay=relay and not unkept.replayed,
+            relay=unkept.relay,
             messages=unkept.messages,
         )
     # The answer may take minutes: a connection this request opened must not wait with it.
@@ -235,20 +234,12 @@ def _events(started: _Started) -> AsyncGenerator[edge_relay.Item, None]:
     """The generation's events (name, payload) from the first, then live, until `done`; None
     after each heartbeat period in which nothing happened. A relayed answer's text comes
     from the worker (`edge_relay.follow`)."""
-    if started.relay:
-        return edge_relay.follow(
-            started.generation_id,
-            user_id=started.user_id,
-            relay=True,
-            messages=started.messages,
-        )
-    return _stream_events(started.generation_id)
-
-
-async def _stream_events(generation_id: str) -> AsyncGenerator[edge_relay.Item, None]:
-    async with contextlib.aclosing(sse.read(queue.stream_key(generation_id), "0-0")) as entries:
-        async for entry in entries:
-            yield None if entry is None else (entry.event, entry.payload())
+    return edge_relay.follow(
+        started.generation_id,
+        user_id=started.user_id,
+        relay=started.relay,
+        messages=started.messages,
+    )
 
 
 def _failure(answer: shapes.Answer) -> OpenAIError | None:

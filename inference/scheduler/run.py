@@ -344,15 +344,14 @@ class Runs:
         round_suffix = f"r{run.tool_rounds}" if run.tool_rounds else ""
         # The answer's output budget covers every round.
         max_tokens = max(1, job.max_tokens - int(run.spent.get("completion_tokens") or 0))
-        if job.relay and not job.tools:
+        if job.relay:
             body = chat_body(
                 model=view.served_model,
-                messages=[],  # the edge reads them from the job (`RelayData`)
+                messages=None,  # the edge has them (`RelayData`)
                 max_tokens=max_tokens,
                 priority=job.priority,
                 params=request_sampling(job.params, view.sampling_defaults, max_tokens=max_tokens),
             )
-            del body["messages"]
             await self._relayed_attempt(run, body, worker_request_id(job, str(run.attempt)))
             return
         stream = self.client.stream_chat(

@@ -13,11 +13,14 @@ from typing import Any
 
 import pytest
 from asgiref.sync import sync_to_async
+from django.conf import settings
 from django.contrib.auth.models import User
 
 from billing.models import UsageEvent
+from chatsite.redis import sync_redis
 from chatsite.testing import budget
-from inference import edge_relay, relay, services
+from conversations import turns
+from inference import edge_relay, queue, relay, services
 from inference.models import Worker
 from inference.scheduler.capacity import Capacity, Placement
 from inference.tests.fixtures import (
@@ -218,6 +221,34 @@ async def test_an_answer_whose_edge_says_nothing_is_ended_after_the_patience(
     assert done[0] == "done" and done[1]["status"] == "cancelled"
     assert event.status == "cancelled" and not event.output_tokens
     assert fake.requests == []
+
+
+def test_an_answer_whose_model_is_offered_tools_is_not_relayed(
+    user: User, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A `/v1` request without tools of its own still offers the user's plugins: their calls
+    need the scheduler's tool loop, so the turn tells its edge not to relay, as the job says."""
+    register_pool()
+    lookup = {"type": "function", "function": {"name": "lookup", "parameters": {}}}
+
+    def unkept(**options: Any) -> turns.UnkeptTurn:
+        return turns.turn_unkept(
+            user=user,
+            model=settings.DEFAULT_MODEL,
+            system_prompt="",
+            messages=[("user", "Hello")],
+            relay=True,
+            **options,
+        )
+
+    plain = unkept()
+    monkeypatch.setattr(turns, "conversation_tools", lambda **_: [lookup])
+    offered = unkept()
+
+    jobs = [queue.read_job(sync_redis(), turn.generation.id) for turn in (plain, offered)]
+    assert plain.relay and jobs[0] is not None and jobs[0].relay
+    assert not offered.relay and jobs[1] is not None and not jobs[1].relay
+    assert jobs[1].tools == [lookup]
 
 
 def test_an_outcome_is_read_back_as_written_and_garbage_as_none() -> None:
