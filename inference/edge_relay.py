@@ -275,54 +275,38 @@ class _Attempt:
 
     async def _first_token(self) -> None:
         try:
-            async with self.redis.pipeline(transaction=False) as pipe:
-                pipe.eval(
-                    queue.HSET_IF_EXISTS,
-                    1,
-                    queue.job_key(self.generation_id),
-                    FIRST_FIELD,
-                    f"{self.order.attempt} {queue.now_ms()}",
-                )
-                pipe.publish(self._channel, f"{self.generation_id} {self.order.attempt} first")
-                await pipe.execute()
+            await self._note(FIRST_FIELD, f"{self.order.attempt} {queue.now_ms()}", say="first")
         except REDIS_FAULTS:
             logger.warning("could not report the first token of %s", self.generation_id)
-
-    @property
-    def _channel(self) -> str:
-        return queue.relay_channel(self.order.replica)
 
     async def _beat(self) -> None:
         while True:
             await asyncio.sleep(BEAT_SECONDS)
             with contextlib.suppress(*REDIS_FAULTS):
-                await self.redis.eval(
-                    queue.HSET_IF_EXISTS,
-                    1,
-                    queue.job_key(self.generation_id),
-                    BEAT_FIELD,
-                    f"{queue.now_ms()} {self.outcome.tokens}",
-                )
+                await self._note(BEAT_FIELD, f"{queue.now_ms()} {self.outcome.tokens}")
 
     async def _report(self) -> None:
         for delay in (*REPORT_RETRY_DELAYS, None):
             try:
-                async with self.redis.pipeline(transaction=False) as pipe:
-                    pipe.eval(
-                        queue.HSET_IF_EXISTS,
-                        1,
-                        queue.job_key(self.generation_id),
-                        OUTCOME_FIELD,
-                        self.outcome.to_json(),
-                    )
-                    pipe.publish(self._channel, f"{self.generation_id} {self.order.attempt} end")
-                    await pipe.execute()
+                await self._note(OUTCOME_FIELD, self.outcome.to_json(), say="end")
                 return
             except REDIS_FAULTS:
                 if delay is None:
                     logger.error("could not report the end of relay %s", self.generation_id)
                     return
                 await asyncio.sleep(delay)
+
+    async def _note(self, name: str, value: str, *, say: str = "") -> None:
+        """Set a field of the job (while it exists) and, with `say`, tell the replica that
+        ordered the attempt (`<id> <attempt> <say>` on its channel), in one round trip."""
+        async with self.redis.pipeline(transaction=False) as pipe:
+            pipe.eval(queue.HSET_IF_EXISTS, 1, queue.job_key(self.generation_id), name, value)
+            if say:
+                pipe.publish(
+                    queue.relay_channel(self.order.replica),
+                    f"{self.generation_id} {self.order.attempt} {say}",
+                )
+            await pipe.execute()
 
     async def _flag(self, verdict: Any, excerpt: str, *, retracted: bool) -> None:
         def flag() -> None:
